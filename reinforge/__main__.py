@@ -1,0 +1,5 @@
+import sys
+
+from reinforge.cli import main
+
+sys.exit(main())

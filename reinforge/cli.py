@@ -1,0 +1,43 @@
+"""`reinforge` command line: each subcommand is a thin module over library calls.
+
+Every command module exposes `register(subparsers)`, which adds its parser and sets
+`func` to a callable taking the parsed namespace and returning an exit code. A user
+mistake raises `UsageError`: one clear line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from reinforge.errors import UsageError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from reinforge.commands import eval as eval_cmd
+    from reinforge.commands import serve as serve_cmd
+    from reinforge.sandbox import cli as sandbox_cmd
+
+    parser = argparse.ArgumentParser(
+        prog="reinforge", description="Train LLM agents with reinforcement learning."
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (serve_cmd, eval_cmd, sandbox_cmd):
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as error:
+        print(f"reinforge {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Environments: tasks, a harness that drives the agent, and a rubric that scores it.
+
+An environment is agent code. `rollout(client, task)` runs one episode as an ordinary
+chat loop against the policy client; the same object serves eval, synthetic data and RL.
+Multi-turn environments override `respond`, which answers each assistant turn with a
+typed step: `Continue(messages)` to go on, `Finished()` to end the episode.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from reinforge.envs.rubric import Rubric
+from reinforge.envs.tools import Tool, ToolResult
+from reinforge.policy.chat import parse_tool_calls
+from reinforge.policy.client import EpisodeClient, EpisodeLimit
+from reinforge.types import Message, Task
+
+
+@dataclass(frozen=True)
+class Continue:
+    """The environment answers; the agent takes another turn."""
+
+    messages: list[Message]
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The episode is over; the rubric scores it."""
+
+
+Step = Continue | Finished
+
+
+@dataclass
+class Harness:
+    """How the agent is driven: system prompt, tools, turn limit and token budgets."""
+
+    system_prompt: str | None = None
+    tools: Sequence[Tool] = ()
+    max_turns: int = 1
+    max_tokens_per_turn: int = 256
+    max_total_tokens: int | None = None
+    """Sampled tokens over the whole episode; past it the episode ends as truncated."""
+
+    def initial_messages(self, task: Task) -> list[Message]:
+        prompt = [dict(m) for m in task.prompt]
+        if self.system_prompt and not (prompt and prompt[0].get("role") == "system"):
+            prompt.insert(0, {"role": "system", "content": self.system_prompt})
+        return prompt
+
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]] | None:
+        return [t.schema for t in self.tools] or None
+
+
+@dataclass
+class Episode:
+    """One rollout as the environment saw it; the rubric's input."""
+
+    task: Task
+    messages: list[Message]
+    state: dict[str, Any] = field(default_factory=dict)
+    """The environment's own per-episode data (a board, guesses); kept as trajectory info."""
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    truncated: bool = False
+
+    @property
+    def completion(self) -> str:
+        """The last assistant message's text."""
+        for message in reversed(self.messages):
+            if message.get("role") == "assistant":
+                return message.get("content") or ""
+        return ""
+
+
+class Environment:
+    """Subclass and implement `tasks`; multi-turn environments also implement `respond`."""
+
+    name = "environment"
+
+    def __init__(self, harness: Harness | None = None, rubric: Rubric | None = None) -> None:
+        self.harness = harness or Harness()
+        self.rubric = rubric or Rubric()
+        self._tools = {t.name: t for t in self.harness.tools}
+
+    def tasks(self, n: int, seed: int = 0) -> list[Task]:
+        """`n` tasks, the same ones for the same seed."""
+        raise NotImplementedError
+
+    def setup(self, task: Task) -> dict[str, Any]:
+        """Initial per-episode state."""
+        return {}
+
+    async def respond(self, episode: Episode) -> Step:
+        """Answer an assistant turn that made no tool call. Single-turn: always Finished."""
+        return Finished()
+
+    async def rollout(self, client: EpisodeClient, task: Task) -> Episode:
+        harness = self.harness
+        episode = Episode(task, harness.initial_messages(task), self.setup(task))
+        while episode.turns < harness.max_turns:
+            try:
+                reply = await client.chat(
+                    episode.messages, harness.tool_schemas, harness.max_tokens_per_turn
+                )
+            except EpisodeLimit:
+                episode.truncated = True
+                return episode
+            episode.messages.append(reply.message)
+            episode.turns += 1
+            if reply.truncated:  # the turn was cut mid-thought; the episode ends here
+                episode.truncated = True
+                return episode
+            if self._tools and (reply.tool_calls or "<tool_call>" in reply.text):
+                episode.messages.extend(await self._run_tools(episode, reply.message))
+                continue
+            step = await self.respond(episode)
+            if isinstance(step, Finished):
+                return episode
+            episode.messages.extend(step.messages)
+        episode.truncated = True
+        return episode
+
+    async def _run_tools(self, episode: Episode, message: Message) -> list[Message]:
+        """Run each call; errors go back to the model as tool messages and are counted."""
+        results: list[Message] = []
+        for problem in parse_tool_calls(message.get("content") or "").errors:
+            episode.tool_errors += 1
+            results.append({"role": "tool", "content": f"Error: {problem}"})
+        for call in message.get("tool_calls") or []:
+            function = call["function"]
+            episode.tool_calls += 1
+            tool = self._tools.get(function["name"])
+            if tool is None:
+                known = ", ".join(self._tools)
+                result = ToolResult(f"Error: no tool named {function['name']!r}; tools: {known}",
+                                    error=True)
+            else:
+                result = await tool.call(function.get("arguments") or "{}")
+            episode.tool_errors += result.error
+            results.append({"role": "tool", "tool_call_id": call.get("id"),
+                             "name": function["name"], "content": result.content})
+        return results
+
+
+def jsonable(state: dict[str, Any]) -> dict[str, Any]:
+    """The state as plain JSON values (anything else as its string form)."""
+    return json.loads(json.dumps(state, default=str))

@@ -1,0 +1,76 @@
+"""Finding environments: by file path, by `module:function`, or by installed name.
+
+Every route ends at a function returning an `Environment`. Installed packages register
+theirs under the entry-point group `reinforge.environments`, the built-ins included, so
+a built-in takes the same path as a user's package.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from reinforge.envs.environment import Environment
+from reinforge.errors import UsageError
+
+GROUP = "reinforge.environments"
+FILE_FUNCTION = "load_environment"
+
+
+def installed_environments() -> dict[str, Any]:
+    return {ep.name: ep for ep in entry_points(group=GROUP)}
+
+
+def load_environment(spec: str, **kwargs: Any) -> Environment:
+    factory = _factory(spec)
+    try:
+        environment = factory(**kwargs)
+    except TypeError as error:
+        raise UsageError(f"environment {spec!r} rejected its arguments: {error}") from error
+    if not isinstance(environment, Environment):
+        raise UsageError(f"{spec!r} returned {type(environment).__name__}, not an Environment")
+    return environment
+
+
+def _factory(spec: str) -> Callable[..., Any]:
+    if spec.endswith(".py") or Path(spec).is_file():
+        return _from_file(Path(spec))
+    if ":" in spec:
+        module_name, _, attribute = spec.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as error:
+            raise UsageError(f"cannot import {module_name!r}: {error}") from error
+        return _attribute(module, attribute, spec)
+    installed = installed_environments()
+    if spec not in installed:
+        known = ", ".join(sorted(installed)) or "none"
+        raise UsageError(
+            f"unknown environment {spec!r}; known: {known} "
+            "(or give a path to a .py file, or module:function)"
+        )
+    return installed[spec].load()
+
+
+def _from_file(path: Path) -> Callable[..., Any]:
+    if not path.is_file():
+        raise UsageError(f"no environment file at {path}")
+    name = f"reinforge_user_env_{path.stem}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    module_spec.loader.exec_module(module)
+    return _attribute(module, FILE_FUNCTION, str(path))
+
+
+def _attribute(module: Any, attribute: str, spec: str) -> Callable[..., Any]:
+    factory = getattr(module, attribute, None)
+    if not callable(factory):
+        raise UsageError(f"{spec}: no function {attribute!r} returning an Environment")
+    return factory

@@ -1,0 +1,124 @@
+"""Rubrics: named, weighted reward functions of one episode, and of a whole group.
+
+The one convention: a `Reward` function takes the finished `Episode` and returns a float;
+a `GroupReward` function takes every episode of one task and returns one float each. Either
+may be async. A function that raises makes its episodes errors, never a silent 0.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from reinforge.envs.environment import Episode
+
+RewardFn = Callable[["Episode"], float | Awaitable[float]]
+GroupRewardFn = Callable[[list["Episode"]], Sequence[float] | Awaitable[Sequence[float]]]
+
+
+class GraderError(Exception):
+    """A reward function raised or returned something that is not a number."""
+
+
+@dataclass(frozen=True)
+class Reward:
+    fn: RewardFn
+    weight: float = 1.0
+    name: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.name or self.fn.__name__
+
+
+@dataclass(frozen=True)
+class GroupReward:
+    fn: GroupRewardFn
+    weight: float = 1.0
+    name: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.name or self.fn.__name__
+
+
+@dataclass(frozen=True)
+class Scores:
+    rewards: dict[str, float]
+    total: float
+
+
+class Rubric:
+    """Scores a group of episodes; `pass_threshold` decides pass@k (total >= threshold)."""
+
+    def __init__(self, *terms: Reward | GroupReward, pass_threshold: float = 1.0) -> None:
+        keys = [term.key for term in terms]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"reward names must be unique, got {keys}")
+        self.terms = terms
+        self.pass_threshold = pass_threshold
+
+    async def score(self, episodes: list[Episode]) -> list[Scores | GraderError]:
+        """One result per episode, in order."""
+        values: list[dict[str, float]] = [{} for _ in episodes]
+        errors: list[GraderError | None] = [None] * len(episodes)
+        for term in self.terms:
+            if isinstance(term, GroupReward):
+                try:
+                    group = await _number_list(term, episodes)
+                except GraderError as error:
+                    return [error] * len(episodes)
+                for value, row in zip(group, values, strict=True):
+                    row[term.key] = value
+                continue
+            for index, episode in enumerate(episodes):
+                if errors[index] is None:
+                    try:
+                        values[index][term.key] = await _number(term, episode)
+                    except GraderError as error:
+                        errors[index] = error
+        weights = {term.key: term.weight for term in self.terms}
+        return [
+            error or Scores(row, sum(weights[k] * v for k, v in row.items()))
+            for row, error in zip(values, errors, strict=True)
+        ]
+
+
+async def _number(term: Reward, episode: Episode) -> float:
+    try:
+        value = term.fn(episode)
+        if inspect.isawaitable(value):
+            value = await value
+        return _as_float(term.key, value)
+    except GraderError:
+        raise
+    except Exception as error:
+        raise GraderError(f"reward {term.key!r} raised {type(error).__name__}: {error}") from error
+
+
+async def _number_list(term: GroupReward, episodes: list[Episode]) -> list[float]:
+    try:
+        values = term.fn(episodes)
+        if inspect.isawaitable(values):
+            values = await values
+        values = list(values)
+    except Exception as error:
+        raise GraderError(
+            f"group reward {term.key!r} raised {type(error).__name__}: {error}"
+        ) from error
+    if len(values) != len(episodes):
+        raise GraderError(
+            f"group reward {term.key!r} returned {len(values)} values for {len(episodes)} episodes"
+        )
+    return [_as_float(term.key, v) for v in values]
+
+
+def _as_float(key: str, value: object) -> float:
+    if isinstance(value, bool) or isinstance(value, int | float):
+        number = float(value)
+        if number == number:  # NaN would poison every mean downstream
+            return number
+    raise GraderError(f"reward {key!r} returned {value!r}, not a number")

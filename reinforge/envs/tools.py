@@ -1,0 +1,101 @@
+"""Tools from typed Python functions: the schema comes from the signature and docstring.
+
+pydantic builds both the JSON schema the model sees and the validator for the arguments
+it sends, so the two never disagree. A tool that raises, or a call with bad arguments,
+becomes an error message back to the model; the harness counts it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, get_type_hints
+
+from pydantic import BaseModel, Field, ValidationError, create_model
+
+_ARG_LINE = re.compile(r"^\s{2,}(\w+)\s*(?:\([^)]*\))?:\s*(.+)$")
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    content: str
+    error: bool = False
+
+
+class Tool:
+    """A callable the model may invoke by name with JSON arguments."""
+
+    def __init__(self, function: Callable[..., Any], name: str | None = None) -> None:
+        self.function = function
+        self.name = name or function.__name__
+        self.description, arg_docs = _parse_docstring(inspect.getdoc(function) or "")
+        self._arguments = _arguments_model(function, self.name, arg_docs)
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI `tools` entry."""
+        parameters = self._arguments.model_json_schema()
+        parameters.pop("title", None)
+        for prop in parameters.get("properties", {}).values():
+            prop.pop("title", None)
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": parameters,
+            },
+        }
+
+    async def call(self, arguments: str | dict[str, Any]) -> ToolResult:
+        try:
+            raw = json.loads(arguments) if isinstance(arguments, str) else arguments
+            values = self._arguments.model_validate(raw)
+        except (ValueError, ValidationError) as error:
+            return ToolResult(f"Error: invalid arguments for {self.name}: {error}", error=True)
+        try:
+            result = self.function(**dict(values))
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as error:
+            return ToolResult(f"Error: {type(error).__name__}: {error}", error=True)
+        return ToolResult(result if isinstance(result, str) else json.dumps(result))
+
+
+def tool(function: Callable[..., Any] | Callable[..., Awaitable[Any]]) -> Tool:
+    """Decorator form of `Tool(function)`."""
+    return Tool(function)
+
+
+def _arguments_model(
+    function: Callable[..., Any], name: str, arg_docs: dict[str, str]
+) -> type[BaseModel]:
+    hints = get_type_hints(function)
+    fields: dict[str, Any] = {}
+    for param in inspect.signature(function).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise TypeError(f"tool {name}: *args and **kwargs cannot be described to a model")
+        if param.name not in hints:
+            raise TypeError(f"tool {name}: parameter {param.name!r} needs a type annotation")
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[param.name] = (
+            hints[param.name],
+            Field(default, description=arg_docs.get(param.name)),
+        )
+    return create_model(f"{name}_arguments", **fields)
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """Split a Google-style docstring into its summary and per-argument descriptions."""
+    summary, _, rest = doc.partition("\nArgs:")
+    arg_docs: dict[str, str] = {}
+    for line in rest.splitlines():
+        match = _ARG_LINE.match(line)
+        if match:
+            arg_docs[match.group(1)] = match.group(2).strip()
+        elif line and not line.startswith(" "):
+            break  # the next section (Returns:, Raises:) ends the arguments
+    return " ".join(summary.split()), arg_docs

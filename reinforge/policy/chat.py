@@ -1,0 +1,150 @@
+"""Chat templates as token sequences, built so that multi-turn episodes stay token-exact.
+
+The first prompt of an episode is the chat template rendered and tokenized once. Every
+later prompt is the previous prompt, plus the exact tokens the engine sampled, plus the
+template's tokens for the messages that came after (tool results, environment feedback).
+Earlier turns are never re-rendered, so a template that rewrites history (or a sampled
+token sequence that differs from the canonical tokenization of its text) cannot shift
+what the policy saw.
+
+Templates that do not understand `tools` get the tool schemas in the system prompt and
+are parsed in the Hermes `<tool_call>{...}</tool_call>` format.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from reinforge.types import Message
+
+_SENTINEL = "\x00reinforge-sentinel\x00"
+_DUMMY: list[Message] = [
+    {"role": "system", "content": "s"},
+    {"role": "user", "content": "u"},
+    {"role": "assistant", "content": "a"},
+]
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+class TemplateError(ValueError):
+    """The conversation cannot be rendered (or continued) with this chat template."""
+
+
+@dataclass(frozen=True)
+class ParsedToolCalls:
+    content: str
+    """The text outside the tool-call blocks."""
+    tool_calls: list[dict[str, Any]]
+    """Well-formed calls in OpenAI format."""
+    errors: list[str]
+    """One message per block that was not a valid call."""
+
+
+class ChatFormat:
+    """Renders conversations to token ids with one tokenizer's chat template."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        if not tokenizer.chat_template:
+            raise TemplateError("the tokenizer has no chat template")
+        self.tokenizer = tokenizer
+        self.native_tools = "tools" in tokenizer.chat_template
+        closed = self._render([*_DUMMY[:2], {"role": "assistant", "content": _SENTINEL}])
+        self.assistant_suffix = closed.split(_SENTINEL, 1)[1]
+        """Template text after an assistant message's content, e.g. `<|im_end|>\\n`."""
+
+    def prompt_ids(self, messages: list[Message], tools: Sequence[dict] | None = None) -> list[int]:
+        """Tokens of a fresh conversation ending in the assistant's generation prompt."""
+        text = self._render(self._with_tools(messages, tools), add_generation_prompt=True)
+        return self._encode(text)
+
+    def continuation_ids(
+        self, previous_ids: list[int], new_messages: list[Message], ended_with_eos: bool
+    ) -> list[int]:
+        """Continue an episode whose last `previous_ids` end with a sampled assistant turn.
+
+        Appends what the template puts after the assistant's content (less the EOS token
+        the policy already sampled) and the new messages with the next generation prompt.
+        """
+        if any(m.get("role") == "assistant" for m in new_messages):
+            raise TemplateError("a continuation may not contain assistant messages")
+        closing = self.assistant_suffix
+        eos_text = self.tokenizer.eos_token or ""
+        if ended_with_eos and eos_text and closing.startswith(eos_text):
+            closing = closing[len(eos_text) :]
+        before = self._render(_DUMMY)
+        after = self._render([*_DUMMY, *new_messages], add_generation_prompt=True)
+        if not after.startswith(before):
+            raise TemplateError("the chat template rewrites earlier turns when messages follow")
+        return previous_ids + self._encode(closing) + self._encode(after[len(before) :])
+
+    def _with_tools(self, messages: list[Message], tools: Sequence[dict] | None) -> list[Message]:
+        if not tools or self.native_tools:
+            return messages
+        block = tool_system_prompt(tools)
+        if messages and messages[0].get("role") == "system":
+            first = {**messages[0], "content": f"{messages[0]['content']}\n\n{block}"}
+            return [first, *messages[1:]]
+        return [{"role": "system", "content": block}, *messages]
+
+    def _render(self, messages: list[Message], add_generation_prompt: bool = False) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(
+                [_plain(m) for m in messages],
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+            )
+        except Exception as error:  # jinja raises its own types for unrenderable input
+            raise TemplateError(f"chat template failed: {error}") from error
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
+
+
+def tool_system_prompt(tools: Sequence[dict]) -> str:
+    schemas = "\n".join(json.dumps(tool, separators=(",", ":")) for tool in tools)
+    return (
+        "You may call tools. Their JSON schemas:\n<tools>\n"
+        f"{schemas}\n</tools>\n"
+        "To call one, write:\n<tool_call>\n"
+        '{"name": "<tool name>", "arguments": {<arguments as JSON>}}\n</tool_call>'
+    )
+
+
+def parse_tool_calls(text: str) -> ParsedToolCalls:
+    calls: list[dict[str, Any]] = []
+    errors: list[str] = []
+    for block in _TOOL_CALL.findall(text):
+        try:
+            payload = json.loads(block)
+            name, arguments = payload["name"], payload.get("arguments", {})
+            if not isinstance(name, str) or not isinstance(arguments, dict):
+                raise TypeError("name must be a string and arguments an object")
+        except (ValueError, KeyError, TypeError) as error:
+            errors.append(f"invalid tool call {block[:200]!r}: {error}")
+            continue
+        calls.append(
+            {
+                "id": f"call_{uuid.uuid4().hex[:12]}",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments)},
+            }
+        )
+    unclosed = text.count("<tool_call>") - len(_TOOL_CALL.findall(text))
+    if unclosed > 0:
+        errors.append("a <tool_call> block was not closed with </tool_call>")
+    content = _TOOL_CALL.sub("", text).strip() if calls else text
+    return ParsedToolCalls(content=content, tool_calls=calls, errors=errors)
+
+
+def _plain(message: Message) -> Message:
+    """Templates expect string content; OpenAI allows None beside tool_calls."""
+    if message.get("content") is None:
+        return {**message, "content": ""}
+    return message

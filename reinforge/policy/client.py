@@ -1,0 +1,242 @@
+"""The policy client: OpenAI's own client, plus the bookkeeping that keeps episodes exact.
+
+`PolicyClient` holds one connection (to a URL, or to an in-process engine through the
+same FastAPI app over an ASGI transport, so both take one code path) and the sampling
+defaults. Each rollout gets an `EpisodeClient`, which sends every turn after the first as
+a continuation of the exact tokens so far and records what the policy sampled.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import openai
+
+from reinforge.errors import UsageError
+from reinforge.types import Message
+
+
+class EpisodeLimit(Exception):
+    """The episode ran out of context or token budget: it ends as truncated."""
+
+
+class EpisodeMisuse(Exception):
+    """The environment broke the episode's token record (e.g. rewrote earlier turns)."""
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    seed: int | None = None
+
+
+@dataclass
+class Reply:
+    """One assistant turn."""
+
+    message: Message
+    """The assistant message to append to the conversation: raw sampled text as content
+    (tool-call markup included, so the history renders as sampled) and parsed tool calls."""
+    finish_reason: str
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    policy_versions: list[int] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return self.message.get("content") or ""
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        return self.message.get("tool_calls") or []
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+
+@dataclass
+class Turn:
+    prompt_ids: list[int]
+    reply: Reply
+
+
+class PolicyClient:
+    def __init__(
+        self, openai_client: openai.AsyncOpenAI, model: str, sampling: SamplingDefaults
+    ) -> None:
+        self.openai = openai_client
+        self.model = model
+        self.sampling = sampling
+
+    @classmethod
+    def for_engine(cls, engine: Any, sampling: SamplingDefaults) -> PolicyClient:
+        """A client of an in-process engine, through the server's own request handling."""
+        from reinforge.policy.server import create_app
+
+        transport = httpx.ASGITransport(app=create_app(engine))
+        http = httpx.AsyncClient(transport=transport, base_url="http://engine/v1", timeout=None)
+        client = openai.AsyncOpenAI(
+            base_url="http://engine/v1", api_key="local", http_client=http, max_retries=0
+        )
+        return cls(client, engine.name, sampling)
+
+    @classmethod
+    async def for_url(
+        cls, url: str, sampling: SamplingDefaults, model: str | None = None,
+        api_key: str = "EMPTY",
+    ) -> PolicyClient:
+        """A client of any OpenAI-compatible server; checks that it answers first."""
+        client = openai.AsyncOpenAI(base_url=url, api_key=api_key, max_retries=2, timeout=600)
+        try:
+            listed = [m.id async for m in client.models.list()]
+        except openai.APIError as error:
+            raise UsageError(
+                f"cannot reach an OpenAI-compatible server at {url}: {error}"
+            ) from error
+        if model is None:
+            if not listed:
+                raise UsageError(f"the server at {url} lists no models; name one")
+            model = listed[0]
+        return cls(client, model, sampling)
+
+    def episode(
+        self, max_total_tokens: int | None = None, seed: int | None = None
+    ) -> EpisodeClient:
+        """A client for one rollout; `seed` (turn t samples with seed + t) overrides the
+        default seed so that rollouts of one task differ yet repeat run to run."""
+        seed = self.sampling.seed if seed is None else seed
+        return EpisodeClient(self, max_total_tokens, seed)
+
+    async def close(self) -> None:
+        await self.openai.close()
+
+
+class EpisodeClient:
+    """Chat for one episode, recording each turn's exact tokens.
+
+    After the first turn, `messages` must extend the previous call's messages plus the
+    reply it returned; the earlier turns then travel as `prompt_token_ids` and are never
+    re-rendered.
+    """
+
+    def __init__(
+        self, policy: PolicyClient, max_total_tokens: int | None, seed: int | None
+    ) -> None:
+        self.policy = policy
+        self.max_total_tokens = max_total_tokens
+        self.seed = seed
+        self.turns: list[Turn] = []
+        self.generate_s = 0.0
+        """Seconds spent waiting on the policy."""
+        self._sent: list[Message] = []
+
+    @property
+    def sampled_tokens(self) -> int:
+        return sum(len(t.reply.token_ids) for t in self.turns)
+
+    async def chat(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None = None,
+        max_tokens: int | None = None,
+    ) -> Reply:
+        sampling = self.policy.sampling
+        max_tokens = max_tokens or sampling.max_tokens
+        if self.max_total_tokens is not None:
+            left = self.max_total_tokens - self.sampled_tokens
+            if left <= 0:
+                raise EpisodeLimit(f"the episode used its {self.max_total_tokens} tokens")
+            max_tokens = min(max_tokens, left)
+        extra: dict[str, Any] = {}
+        continuation = self._continuation_tokens(messages)
+        if continuation is not None:
+            extra["prompt_token_ids"] = continuation
+        seed = openai.omit if self.seed is None else self.seed + len(self.turns)
+        started = time.perf_counter()
+        try:
+            response = await self.policy.openai.chat.completions.create(
+                model=self.policy.model,
+                messages=messages,  # type: ignore[arg-type]
+                tools=tools or openai.omit,  # type: ignore[arg-type]
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=max_tokens,
+                seed=seed,
+                logprobs=True,
+                extra_body=extra or None,
+            )
+        except openai.BadRequestError as error:
+            if _code(error) == "context_length_exceeded":
+                raise EpisodeLimit(str(error)) from error
+            raise
+        finally:
+            self.generate_s += time.perf_counter() - started
+        reply, prompt_ids = _reply(response)
+        self._record(messages, prompt_ids, reply)
+        return reply
+
+    def _continuation_tokens(self, messages: list[Message]) -> list[int] | None:
+        if not self.turns:
+            return None
+        last = self.turns[-1]
+        history = [*self._sent, last.reply.message]
+        if messages[: len(history)] != history:
+            raise EpisodeMisuse(
+                "messages must extend the previous turn's messages and reply unchanged; "
+                "rewriting earlier turns would break the token record"
+            )
+        if not last.reply.token_ids:  # the server does not speak token ids
+            return None
+        return last.prompt_ids + last.reply.token_ids
+
+    def _record(self, messages: list[Message], prompt_ids: list[int], reply: Reply) -> None:
+        if self.turns and prompt_ids and self.turns[-1].reply.token_ids:
+            previous = self.turns[-1].prompt_ids + self.turns[-1].reply.token_ids
+            if prompt_ids[: len(previous)] != previous:
+                raise EpisodeMisuse("the server did not continue from the exact tokens sent")
+        self._sent = list(messages)
+        self.turns.append(Turn(prompt_ids, reply))
+
+    def token_record(self) -> tuple[list[int], list[int], list[float], list[int]]:
+        """(token_ids, loss_mask, logprobs, policy_versions) of the whole episode."""
+        if not self.turns or not self.turns[-1].reply.token_ids:
+            return [], [], [], []
+        last = self.turns[-1]
+        token_ids = last.prompt_ids + last.reply.token_ids
+        mask = [0] * len(token_ids)
+        logprobs: list[float] = []
+        versions: list[int] = []
+        for turn in self.turns:
+            start = len(turn.prompt_ids)
+            mask[start : start + len(turn.reply.token_ids)] = [1] * len(turn.reply.token_ids)
+            logprobs.extend(turn.reply.logprobs)
+            versions.extend(turn.reply.policy_versions)
+        return token_ids, mask, logprobs, versions
+
+
+def _reply(response: Any) -> tuple[Reply, list[int]]:
+    choice = response.choices[0]
+    extra = choice.model_extra or {}
+    token_ids = list(extra.get("token_ids") or [])
+    content = extra.get("raw_text", choice.message.content)
+    message: Message = {"role": "assistant", "content": content or ""}
+    if choice.message.tool_calls:
+        message["tool_calls"] = [call.model_dump() for call in choice.message.tool_calls]
+    logprobs = [e.logprob for e in choice.logprobs.content] if choice.logprobs else []
+    versions = list(extra.get("policy_versions") or [])
+    if token_ids and len(logprobs) != len(token_ids):
+        raise EpisodeMisuse("the server returned token ids and log-probs of different lengths")
+    reply = Reply(message, choice.finish_reason, token_ids, logprobs, versions)
+    return reply, list((response.model_extra or {}).get("prompt_token_ids") or [])
+
+
+def _code(error: openai.APIStatusError) -> str | None:
+    body = error.body if isinstance(error.body, dict) else {}
+    inner = body.get("error", body) if isinstance(body, dict) else {}
+    return inner.get("code") if isinstance(inner, dict) else None

@@ -1,0 +1,313 @@
+"""A transformers engine for CPU that batches concurrent requests continuously.
+
+One background thread owns the model. Each iteration it admits waiting requests (one
+batched prefill, merged into the running batch's KV cache with left padding), decodes one
+token for every running row, and drops rows that finished, so a short completion never
+waits for a long one and the batch never decodes padding rows. `update_weights` runs
+between decode steps; every sampled token records the policy version that produced it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from reinforge.policy.models import load_model
+from reinforge.policy.sampling import RowSampler, SamplingParams, sample
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float]
+    """Log-prob of each sampled token under the distribution it was drawn from."""
+    policy_versions: list[int]
+    finish_reason: FinishReason
+    stop_text: str | None = None
+    """The stop string that ended generation, if one did."""
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: Future[Completion]
+    sampler: RowSampler = field(init=False)
+    completion: Completion = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sampler = RowSampler(self.params)
+        self.completion = Completion([], [], [], "length")
+
+
+@dataclass
+class EngineStats:
+    requests: int = 0
+    generated_tokens: int = 0
+    prefill_tokens: int = 0
+    decode_steps: int = 0
+    busy_s: float = 0.0
+
+
+class Engine:
+    """Generates token-exact completions; thread-safe, with an asyncio front."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        name: str = "model",
+        max_batch: int = 64,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        self.max_batch = max_batch
+        self.max_context = int(getattr(model.config, "max_position_embeddings", 2048))
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.version = 0
+        self.stats = EngineStats()
+        self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self._lock = threading.Lock()  # held during a model step and a weight update
+        self._inbox: queue.Queue[_Request | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="reinforge-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_spec(cls, spec: str, dtype: str = "float32", max_batch: int = 64) -> Engine:
+        model, tokenizer = load_model(spec, dtype)
+        return cls(model, tokenizer, name=spec, max_batch=max_batch)
+
+    # -- public API ---------------------------------------------------------------------
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Future[Completion]:
+        if not prompt_ids:
+            raise ValueError("prompt_ids must not be empty")
+        request = _Request(list(prompt_ids), params, Future())
+        self._inbox.put(request)
+        return request.future
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        return await asyncio.wrap_future(self.submit(prompt_ids, params))
+
+    def update_weights(self, state: Mapping[str, torch.Tensor]) -> int:
+        """Copy new weights in place (cast to the engine's dtype); returns the new version.
+
+        Takes effect between two decode steps: tokens after it carry the new version.
+        """
+        params = dict(self.model.named_parameters())
+        unknown = [name for name in state if name not in params]
+        if unknown:
+            raise KeyError(f"unknown parameter names: {unknown[:5]}")
+        with self._lock, torch.no_grad():
+            for name, tensor in state.items():
+                params[name].copy_(tensor)
+            self.version += 1
+            return self.version
+
+    def close(self) -> None:
+        self._inbox.put(None)
+        self._thread.join(timeout=10)
+
+    # -- the batching loop ----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        batch = _Batch()
+        while True:
+            room = self.max_batch - len(batch.requests)
+            arrivals = self._take_arrivals(block=not batch.requests, room=room)
+            if arrivals is None:
+                batch.fail(RuntimeError("engine closed"))
+                return
+            try:
+                started = time.perf_counter()
+                with self._lock, torch.inference_mode():
+                    if arrivals:
+                        self._prefill(batch, arrivals)
+                    if batch.requests:
+                        self._decode(batch)
+                self.stats.busy_s += time.perf_counter() - started
+            except Exception as error:  # a failed step fails its requests, not the engine
+                batch.fail(error)
+                for request in arrivals:
+                    if not request.future.done():
+                        request.future.set_exception(error)
+                batch = _Batch()
+
+    def _take_arrivals(self, block: bool, room: int) -> list[_Request] | None:
+        """Requests waiting to join, at most `room`; None once the engine is closed."""
+        if room <= 0:
+            return []
+        arrivals: list[_Request] = []
+        try:
+            item = self._inbox.get(block=block)
+            while True:
+                if item is None:
+                    return None
+                if not item.future.set_running_or_notify_cancel():
+                    item = self._inbox.get_nowait()
+                    continue
+                arrivals.append(item)
+                if len(arrivals) >= room:
+                    break
+                item = self._inbox.get_nowait()
+        except queue.Empty:
+            pass
+        return arrivals
+
+    def _prefill(self, batch: _Batch, arrivals: list[_Request]) -> None:
+        """Run the new prompts in one left-padded forward and merge them into the batch."""
+        width = max(len(r.prompt_ids) for r in arrivals)
+        ids = torch.full((len(arrivals), width), self._pad_id, dtype=torch.long)  # (N, W)
+        mask = torch.zeros((len(arrivals), width), dtype=torch.long)  # (N, W)
+        for row, request in enumerate(arrivals):
+            ids[row, width - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids)
+            mask[row, width - len(request.prompt_ids) :] = 1
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # (N, W)
+        cache = DynamicCache()
+        logits = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]  # (N, V)
+        self.stats.prefill_tokens += int(mask.sum())
+        self.stats.requests += len(arrivals)
+        batch.merge(arrivals, cache, mask)
+        self._accept(batch, logits, first_new_row=len(batch.requests) - len(arrivals))
+
+    def _decode(self, batch: _Batch) -> None:
+        """One token for every running row (those prefilled in this iteration included)."""
+        if not batch.requests:
+            return
+        last = torch.tensor([r.completion.token_ids[-1] for r in batch.requests])  # (B,)
+        batch.mask = torch.cat(
+            [batch.mask, torch.ones((len(batch.requests), 1), dtype=torch.long)], dim=1
+        )  # (B, L+1)
+        positions = batch.mask.sum(dim=1, keepdim=True) - 1  # (B, 1)
+        logits = self.model(
+            input_ids=last.unsqueeze(1),
+            attention_mask=batch.mask,
+            position_ids=positions,
+            cache=batch.cache,
+            use_cache=True,
+        ).logits[:, -1]  # (B, V)
+        self.stats.decode_steps += 1
+        self._accept(batch, logits, first_new_row=0)
+
+    def _accept(self, batch: _Batch, logits: torch.Tensor, first_new_row: int) -> None:
+        """Sample for the rows from `first_new_row` on (one logits row each), record the
+        tokens and retire the rows that finished."""
+        rows = batch.requests[first_new_row:]
+        tokens, logprobs = sample(logits, [r.sampler for r in rows])
+        finished: list[int] = []
+        for offset, (request, token, logprob) in enumerate(
+            zip(rows, tokens.tolist(), logprobs.tolist(), strict=True)
+        ):
+            completion = request.completion
+            completion.token_ids.append(token)
+            completion.logprobs.append(logprob)
+            completion.policy_versions.append(self.version)
+            self.stats.generated_tokens += 1
+            if self._finished(request, token):
+                finished.append(first_new_row + offset)
+        for row in finished:
+            request = batch.requests[row]
+            request.future.set_result(request.completion)
+        batch.retire(finished)
+
+    def _finished(self, request: _Request, token: int) -> bool:
+        completion = request.completion
+        if token in self.eos_ids:
+            completion.finish_reason = "stop"
+            return True
+        if request.params.stop:
+            text = self.tokenizer.decode(completion.token_ids[-32:])
+            for stop in request.params.stop:
+                if stop in text:
+                    completion.finish_reason, completion.stop_text = "stop", stop
+                    return True
+        total = len(request.prompt_ids) + len(completion.token_ids)
+        if len(completion.token_ids) >= request.params.max_tokens or total >= self.max_context:
+            completion.finish_reason = "length"
+            return True
+        return False
+
+
+class _Batch:
+    """The running rows: their requests, a shared left-padded KV cache and its mask."""
+
+    def __init__(self) -> None:
+        self.requests: list[_Request] = []
+        self.cache: DynamicCache | None = None
+        self.mask = torch.zeros((0, 0), dtype=torch.long)  # (B, L)
+
+    def merge(self, arrivals: list[_Request], cache: DynamicCache, mask: torch.Tensor) -> None:
+        if self.cache is None or not self.requests:
+            self.requests, self.cache, self.mask = list(arrivals), cache, mask
+            return
+        width = max(self.mask.shape[1], mask.shape[1])
+        for old, new in zip(self.cache.layers, cache.layers, strict=True):
+            old.keys = torch.cat([_left_pad(old.keys, width), _left_pad(new.keys, width)])
+            old.values = torch.cat([_left_pad(old.values, width), _left_pad(new.values, width)])
+        self.mask = torch.cat([_left_pad_mask(self.mask, width), _left_pad_mask(mask, width)])
+        self.requests.extend(arrivals)
+
+    def retire(self, rows: list[int]) -> None:
+        if not rows:
+            return
+        gone = set(rows)
+        keep = [i for i in range(len(self.requests)) if i not in gone]
+        self.requests = [self.requests[i] for i in keep]
+        if not keep:
+            self.cache, self.mask = None, torch.zeros((0, 0), dtype=torch.long)
+            return
+        index = torch.tensor(keep)
+        # Columns that are padding in every remaining row are dead weight: cut them.
+        mask = self.mask.index_select(0, index)  # (B', L)
+        start = int((mask.sum(dim=0) > 0).nonzero()[0])
+        self.mask = mask[:, start:]
+        assert self.cache is not None
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, index)[:, :, start:]
+            layer.values = layer.values.index_select(0, index)[:, :, start:]
+
+    def fail(self, error: BaseException) -> None:
+        for request in self.requests:
+            if not request.future.done():
+                request.future.set_exception(error)
+        self.requests = []
+
+
+def _left_pad(states: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, H, L, D) -> (B, H, width, D), zeros on the left."""
+    missing = width - states.shape[2]
+    return torch.nn.functional.pad(states, (0, 0, missing, 0)) if missing else states
+
+
+def _left_pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
+    missing = width - mask.shape[1]
+    return torch.nn.functional.pad(mask, (missing, 0)) if missing else mask
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    ids: set[int] = set()
+    for source in (model.generation_config.eos_token_id, tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(source)
+    return ids

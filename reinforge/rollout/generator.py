@@ -1,0 +1,135 @@
+"""The rollout generator: N tasks x k rollouts, concurrent, each one a Trajectory.
+
+A rollout that raises or times out becomes a trajectory with that status and the message;
+the other rollouts go on. Groups are scored by the rubric once all their rollouts are in,
+because group rewards see every rollout of a task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from reinforge.envs.environment import Environment, Episode, jsonable
+from reinforge.envs.rubric import GraderError
+from reinforge.policy.client import EpisodeClient, PolicyClient
+from reinforge.types import Group, Status, Task, Timings, Trajectory
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    rollouts_per_task: int = 1
+    concurrency: int = 32
+    """Rollouts in flight at once."""
+    timeout_s: float | None = 600.0
+    """Per rollout; a rollout past it ends with status `timeout`."""
+    seed: int | None = None
+    """Base of the sampling seeds; each rollout derives its own from it and its task."""
+
+
+@dataclass
+class _Done:
+    trajectory: Trajectory
+    episode: Episode | None
+
+
+async def generate_groups(
+    env: Environment,
+    tasks: list[Task],
+    client: PolicyClient,
+    settings: RolloutSettings,
+    on_group: Callable[[Group], None] | None = None,
+    on_rollout: Callable[[Trajectory], None] | None = None,
+) -> list[Group]:
+    """Run every task `rollouts_per_task` times; groups come back in task order."""
+    limit = asyncio.Semaphore(settings.concurrency)
+
+    async def one_group(task: Task) -> Group:
+        done = await asyncio.gather(
+            *(
+                _rollout(env, client, task, index, limit, settings, on_rollout)
+                for index in range(settings.rollouts_per_task)
+            )
+        )
+        group = await _score(env, task, done)
+        if on_group is not None:
+            on_group(group)
+        return group
+
+    return list(await asyncio.gather(*(one_group(task) for task in tasks)))
+
+
+async def _rollout(
+    env: Environment,
+    client: PolicyClient,
+    task: Task,
+    index: int,
+    limit: asyncio.Semaphore,
+    settings: RolloutSettings,
+    on_rollout: Callable[[Trajectory], None] | None,
+) -> _Done:
+    async with limit:
+        episode_client = client.episode(env.harness.max_total_tokens, _seed(settings, task, index))
+        started = time.perf_counter()
+        trajectory = Trajectory(task_id=task.id, group_id=task.id, index=index)
+        episode: Episode | None = None
+        try:
+            episode = await asyncio.wait_for(
+                env.rollout(episode_client, task), timeout=settings.timeout_s
+            )
+            trajectory.status = Status.TRUNCATED if episode.truncated else Status.OK
+        except TimeoutError:
+            trajectory.status = Status.TIMEOUT
+            trajectory.error = f"rollout exceeded {settings.timeout_s} s"
+        except Exception as error:  # a broken rollout is data, not a crash
+            trajectory.status = Status.ERROR
+            trajectory.error = f"{type(error).__name__}: {error}"
+        _record(trajectory, episode_client, episode, time.perf_counter() - started)
+    if on_rollout is not None:
+        on_rollout(trajectory)
+    return _Done(trajectory, episode)
+
+
+def _record(
+    trajectory: Trajectory, client: EpisodeClient, episode: Episode | None, elapsed: float
+) -> None:
+    token_ids, mask, logprobs, versions = client.token_record()
+    trajectory.token_ids, trajectory.loss_mask = token_ids, mask
+    trajectory.logprobs, trajectory.policy_versions = logprobs, versions
+    trajectory.timings = Timings(
+        generate_s=client.generate_s, env_s=max(elapsed - client.generate_s, 0.0), total_s=elapsed
+    )
+    if episode is not None:
+        trajectory.messages = episode.messages
+        trajectory.turns = episode.turns
+        trajectory.tool_errors = episode.tool_errors
+        trajectory.info = jsonable(episode.state)
+    else:
+        trajectory.turns = len(client.turns)
+
+
+async def _score(env: Environment, task: Task, done: list[_Done]) -> Group:
+    """Score the rollouts that finished; a grader failure marks them errors, never 0."""
+    scorable = [d for d in done if d.episode is not None]
+    started = time.perf_counter()
+    results = await env.rubric.score([d.episode for d in scorable if d.episode is not None])
+    elapsed = time.perf_counter() - started
+    for item, result in zip(scorable, results, strict=True):
+        trajectory = item.trajectory
+        trajectory.timings.score_s = elapsed / max(len(scorable), 1)
+        trajectory.timings.total_s += trajectory.timings.score_s
+        if isinstance(result, GraderError):
+            trajectory.status, trajectory.error = Status.ERROR, str(result)
+        else:
+            trajectory.rewards, trajectory.reward = result.rewards, result.total
+    return Group(task=task, trajectories=[d.trajectory for d in done])
+
+
+def _seed(settings: RolloutSettings, task: Task, index: int) -> int | None:
+    if settings.seed is None:
+        return None
+    # Spaced by 1000 so that per-turn seeds (seed + turn) of two rollouts never meet.
+    return (zlib.crc32(f"{settings.seed}/{task.id}/{index}".encode()) % 2**20) * 1000

@@ -1,0 +1,87 @@
+"""The shared vocabulary (see DESIGN.md): Task, Trajectory, Group and their parts.
+
+Data only. These models cross process boundaries (JSONL run files, HTTP), so they are
+pydantic models that serialise as plain JSON.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Message = dict[str, Any]
+"""An OpenAI chat message: `{"role": ..., "content": ..., ["tool_calls": ...]}`."""
+
+
+class Task(BaseModel):
+    """One problem. Frozen, so a task travels unchanged from dataset to grader."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    prompt: list[Message]
+    answer: Any = None
+    info: dict[str, Any] = Field(default_factory=dict)
+
+
+class Status(StrEnum):
+    OK = "ok"
+    TRUNCATED = "truncated"
+    """The episode hit a turn or token limit before it finished."""
+    ERROR = "error"
+    """The environment, a tool or a grader raised; excluded from the gradient."""
+    TIMEOUT = "timeout"
+
+
+class Timings(BaseModel):
+    generate_s: float = 0.0
+    """Seconds spent waiting on the policy."""
+    env_s: float = 0.0
+    """Seconds in the environment: tools, feedback, opponent moves."""
+    score_s: float = 0.0
+    total_s: float = 0.0
+
+
+class Trajectory(BaseModel):
+    """One rollout, carrying exactly what training needs.
+
+    `token_ids` is the whole conversation as the policy saw and produced it; `loss_mask`
+    is 1 only on tokens the policy sampled; `logprobs` and `policy_versions` have one
+    entry per masked token, in order.
+    """
+
+    task_id: str
+    group_id: str
+    index: int = 0
+    """Position within the group."""
+    messages: list[Message] = Field(default_factory=list)
+    token_ids: list[int] = Field(default_factory=list)
+    loss_mask: list[int] = Field(default_factory=list)
+    logprobs: list[float] = Field(default_factory=list)
+    policy_versions: list[int] = Field(default_factory=list)
+    rewards: dict[str, float] = Field(default_factory=dict)
+    reward: float = 0.0
+    status: Status = Status.OK
+    error: str | None = None
+    turns: int = 0
+    tool_errors: int = 0
+    info: dict[str, Any] = Field(default_factory=dict)
+    """Whatever the environment wants to keep for readers (final board, guesses...)."""
+    timings: Timings = Field(default_factory=Timings)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+class Group(BaseModel):
+    """The rollouts of one task; advantages are relative within the group."""
+
+    task: Task
+    trajectories: list[Trajectory]
+
+    @property
+    def id(self) -> str:
+        return self.trajectories[0].group_id if self.trajectories else self.task.id
