@@ -114,9 +114,9 @@ class Environment:
                 return episode
             episode.messages.append(reply.message)
             episode.turns += 1
-            if reply.truncated:  # the turn was cut mid-thought; the episode ends here
-                episode.truncated = True
-                return episode
+            # A turn cut at the token limit goes to the environment like any other (it may
+            # call it invalid); the episode counts as truncated if it ends on such a turn.
+            episode.truncated = reply.truncated
             if self._tools and (reply.tool_calls or "<tool_call>" in reply.text):
                 episode.messages.extend(await self._run_tools(episode, reply.message))
                 continue

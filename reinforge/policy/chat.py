@@ -64,6 +64,12 @@ class ChatFormat:
         text = self._render(self._with_tools(messages, tools), add_generation_prompt=True)
         return self._encode(text)
 
+    def render_text(
+        self, messages: list[Message], tools: Sequence[dict] | None = None
+    ) -> str:
+        """The conversation as the template writes it (no generation prompt)."""
+        return self._render(self._with_tools(messages, tools))
+
     def continuation_ids(
         self, previous_ids: list[int], new_messages: list[Message], ended_with_eos: bool
     ) -> list[int]:

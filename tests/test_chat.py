@@ -1,0 +1,69 @@
+import json
+
+import pytest
+
+from reinforge.policy.chat import TemplateError, parse_tool_calls
+
+
+def test_continuation_equals_a_fresh_render_when_tokens_are_canonical(chat_format):
+    # If the policy sampled exactly the canonical tokens of its reply (plus EOS), continuing
+    # from tokens must give the same ids as rendering the whole conversation afresh.
+    tokenizer = chat_format.tokenizer
+    first = [{"role": "user", "content": "What is 2+2?"}]
+    prompt = chat_format.prompt_ids(first)
+    reply = tokenizer.encode("It is 4.", add_special_tokens=False) + [tokenizer.eos_token_id]
+    later = [{"role": "user", "content": "And 3+3?"}]
+    continued = chat_format.continuation_ids(prompt + reply, later, ended_with_eos=True)
+    fresh = chat_format.prompt_ids([*first, {"role": "assistant", "content": "It is 4."}, *later])
+    assert continued == fresh
+
+
+def test_a_cut_turn_is_closed_by_template_tokens(chat_format):
+    tokenizer = chat_format.tokenizer
+    prompt = chat_format.prompt_ids([{"role": "user", "content": "Count"}])
+    cut = tokenizer.encode("1, 2, 3", add_special_tokens=False)  # no EOS: max_tokens hit
+    continued = chat_format.continuation_ids(
+        prompt + cut, [{"role": "user", "content": "go on"}], ended_with_eos=False
+    )
+    tail = tokenizer.decode(continued[len(prompt) + len(cut) :])
+    assert tail == "<|im_end|>\n<|im_start|>user\ngo on<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_continuations_refuse_assistant_messages(chat_format):
+    with pytest.raises(TemplateError):
+        chat_format.continuation_ids([1], [{"role": "assistant", "content": "x"}], True)
+
+
+def test_tools_go_into_the_system_prompt_for_templates_without_tool_support(chat_format):
+    tool = {"type": "function", "function": {"name": "calc", "parameters": {}}}
+    text = chat_format.render_text([{"role": "user", "content": "hi"}], [tool])
+    assert text.startswith("<|im_start|>system\nYou may call tools.")
+    assert '"name":"calc"' in text
+    with_system = chat_format.render_text(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}], [tool]
+    )
+    assert with_system.startswith("<|im_start|>system\nBe brief.\n\nYou may call tools.")
+
+
+def test_parse_tool_calls():
+    text = 'Let me compute.\n<tool_call>\n{"name": "calc", "arguments": {"x": 2}}\n</tool_call>'
+    parsed = parse_tool_calls(text)
+    assert parsed.content == "Let me compute." and parsed.errors == []
+    (call,) = parsed.tool_calls
+    assert call["function"]["name"] == "calc"
+    assert json.loads(call["function"]["arguments"]) == {"x": 2}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<tool_call>{not json}</tool_call>",
+        '<tool_call>{"arguments": {}}</tool_call>',
+        '<tool_call>{"name": "f", "arguments": [1]}</tool_call>',
+        '<tool_call>{"name": "f"',
+    ],
+)
+def test_malformed_tool_calls_are_errors_not_calls(text):
+    parsed = parse_tool_calls(text)
+    assert parsed.tool_calls == [] and len(parsed.errors) == 1
+    assert parsed.content == text

@@ -1,0 +1,78 @@
+import asyncio
+
+import torch
+
+from reinforge.policy.sampling import SamplingParams
+
+
+def teacher_forced_logprobs(engine, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = engine.model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
+    return torch.log_softmax(logits.float(), dim=-1).gather(
+        1, torch.tensor(completion).unsqueeze(1)
+    ).squeeze(1)
+
+
+async def test_concurrent_requests_get_the_logprobs_of_their_own_context(tiny_engine):
+    # Prompts of different lengths join the batch at different times; each completion's
+    # log-probs must match a plain forward pass over that sequence alone.
+    prompts = [list(range(5, 5 + n)) for n in (3, 11, 7, 20)]
+    params = [SamplingParams(max_tokens=m, seed=i) for i, m in enumerate((9, 4, 12, 6))]
+
+    async def staggered(i: int):
+        await asyncio.sleep(0.01 * i)
+        return await tiny_engine.generate(prompts[i], params[i])
+
+    completions = await asyncio.gather(*(staggered(i) for i in range(4)))
+    for prompt, param, completion in zip(prompts, params, completions, strict=True):
+        assert len(completion.token_ids) == param.max_tokens
+        assert completion.finish_reason == "length"
+        expected = teacher_forced_logprobs(tiny_engine, prompt, completion.token_ids)
+        assert torch.allclose(torch.tensor(completion.logprobs), expected, atol=1e-4)
+
+
+async def test_seeded_requests_repeat(tiny_engine):
+    prompt = [10, 20, 30]
+    first = await tiny_engine.generate(prompt, SamplingParams(max_tokens=6, seed=5))
+    second = await tiny_engine.generate(prompt, SamplingParams(max_tokens=6, seed=5))
+    assert first.token_ids == second.token_ids
+
+
+async def test_stop_string_ends_generation(tiny_engine):
+    # Greedy decoding is deterministic: generate once, then stop at a piece of its text.
+    prompt = [10, 20, 30]
+    full = await tiny_engine.generate(prompt, SamplingParams(max_tokens=8, temperature=0))
+    text = tiny_engine.tokenizer.decode(full.token_ids[:3])
+    stop = text[-3:]
+    stopped = await tiny_engine.generate(
+        prompt, SamplingParams(max_tokens=8, temperature=0, stop=(stop,))
+    )
+    assert stopped.finish_reason == "stop" and stopped.stop_text == stop
+    assert stopped.token_ids == full.token_ids[: len(stopped.token_ids)]
+    assert len(stopped.token_ids) <= 3
+
+
+async def test_update_weights_bumps_the_version_and_changes_the_policy(tiny_engine):
+    prompt = [10, 20, 30]
+    before = await tiny_engine.generate(prompt, SamplingParams(max_tokens=4, temperature=0))
+    version = tiny_engine.version
+    name = "model.norm.weight"
+    original = tiny_engine.model.get_parameter(name).detach().clone()
+    try:
+        # A zero final norm makes every logit 0, so greedy picks token 0 each time.
+        assert tiny_engine.update_weights({name: torch.zeros_like(original)}) == version + 1
+        after = await tiny_engine.generate(prompt, SamplingParams(max_tokens=4, temperature=0))
+        assert after.token_ids == [0] * 4 != before.token_ids
+        assert after.policy_versions == [version + 1] * 4
+    finally:
+        tiny_engine.update_weights({name: original})
+
+
+async def test_unknown_weight_names_are_refused(tiny_engine):
+    try:
+        tiny_engine.update_weights({"no.such.weight": torch.zeros(1)})
+    except KeyError as error:
+        assert "no.such.weight" in str(error)
+    else:
+        raise AssertionError("expected KeyError")

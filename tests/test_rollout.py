@@ -1,0 +1,101 @@
+"""The rollout generator on the real engine: statuses, and token records that are exact."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from reinforge.envs import Continue, Environment, Episode, Finished, Harness, Reward, Rubric
+from reinforge.policy.client import PolicyClient, SamplingDefaults
+from reinforge.rollout.checks import masked_spans, token_record_problems
+from reinforge.rollout.generator import RolloutSettings, generate_groups
+from reinforge.types import Status, Task
+
+
+def tasks(n: int) -> list[Task]:
+    return [Task(id=f"t{i}", prompt=[{"role": "user", "content": f"task {i}"}]) for i in range(n)]
+
+
+class Chatty(Environment):
+    """Three turns: each reply gets a tool-style result and a user nudge."""
+
+    name = "chatty"
+
+    async def respond(self, episode: Episode) -> Continue | Finished:
+        if episode.turns >= 3:
+            return Finished()
+        return Continue([
+            {"role": "tool", "content": f"result {episode.turns}"},
+            {"role": "user", "content": "continue"},
+        ])
+
+
+def length(episode: Episode) -> float:
+    return float(len(episode.completion))
+
+
+@pytest.fixture
+def client(tiny_engine) -> PolicyClient:
+    return PolicyClient.for_engine(tiny_engine, SamplingDefaults(max_tokens=6))
+
+
+async def test_multi_turn_records_are_exactly_what_the_engine_sampled(tiny_engine, client):
+    env = Chatty(Harness(max_turns=5, max_tokens_per_turn=6), Rubric(Reward(length)))
+    # tiny-random never samples EOS: every turn is cut at 6 tokens and closed by the template.
+    groups = await generate_groups(env, tasks(2), client, RolloutSettings(2, seed=1))
+    sampled_for: dict[tuple[int, ...], list[list[int]]] = {}
+    for prompt, completion in tiny_engine.log:
+        sampled_for.setdefault(tuple(prompt), []).append(completion.token_ids)
+    for trajectory in (t for g in groups for t in g.trajectories):
+        assert trajectory.turns == 3 and trajectory.status == Status.TRUNCATED  # last turn cut
+        spans = masked_spans(trajectory.loss_mask)
+        assert len(spans) == 3
+        for start, end in spans:
+            # The context before each sampled span is exactly a prompt the engine saw, and
+            # the span is exactly what it sampled for that prompt.
+            context = tuple(trajectory.token_ids[:start])
+            assert trajectory.token_ids[start:end] in sampled_for[context]
+        assert len(trajectory.logprobs) == sum(trajectory.loss_mask) == 18
+        assert token_record_problems(trajectory, client_format(tiny_engine)) == []
+
+
+def client_format(engine):
+    from reinforge.policy.chat import ChatFormat
+
+    return ChatFormat(engine.tokenizer)
+
+
+async def test_failures_are_statuses_and_the_run_goes_on(client):
+    class Flaky(Environment):
+        async def respond(self, episode: Episode) -> Finished:
+            if episode.task.id == "t1":
+                raise ValueError("environment bug")
+            if episode.task.id == "t2":
+                await asyncio.sleep(30)
+            return Finished()
+
+    def grader(episode: Episode) -> float:
+        if episode.task.id == "t3":
+            raise ZeroDivisionError("grader bug")
+        return 1.0
+
+    env = Flaky(Harness(max_tokens_per_turn=3), Rubric(Reward(grader)))
+    settings = RolloutSettings(rollouts_per_task=2, timeout_s=2.0)
+    groups = await generate_groups(env, tasks(4), client, settings)
+    by_task = {g.task.id: g.trajectories for g in groups}
+    assert [t.status for t in by_task["t0"]] == [Status.TRUNCATED] * 2  # 3 tokens, no EOS
+    assert all(t.reward == 1.0 for t in by_task["t0"])
+    assert all(t.status == Status.ERROR and "environment bug" in t.error for t in by_task["t1"])
+    assert all(t.status == Status.TIMEOUT for t in by_task["t2"])
+    for trajectory in by_task["t3"]:
+        assert trajectory.status == Status.ERROR and "grader bug" in trajectory.error
+        assert trajectory.rewards == {}  # never a silent 0
+
+
+async def test_episode_token_budget_truncates(client):
+    env = Chatty(Harness(max_turns=5, max_tokens_per_turn=6, max_total_tokens=10))
+    (group,) = await generate_groups(env, tasks(1), client, RolloutSettings(1))
+    (trajectory,) = group.trajectories
+    assert trajectory.status == Status.TRUNCATED
+    assert sum(trajectory.loss_mask) == 10  # 6 + the 4 left in the budget

@@ -1,0 +1,62 @@
+import math
+
+import torch
+
+from reinforge.policy.sampling import RowSampler, SamplingParams, sample
+
+
+def rows(*params: SamplingParams) -> list[RowSampler]:
+    return [RowSampler(p) for p in params]
+
+
+def test_logprob_at_temperature_one_is_the_models_log_softmax():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    tokens, logprobs = sample(logits, rows(SamplingParams(seed=3)))
+    expected = torch.log_softmax(logits, dim=-1)[0, tokens[0]]
+    assert torch.allclose(logprobs[0], expected)
+
+
+def test_nucleus_renormalises_over_the_kept_tokens():
+    # probs = [0.5, 0.3, 0.2]; top_p 0.7 keeps tokens 0 and 1 (mass before token 1 is
+    # 0.5 < 0.7, before token 2 is 0.8 >= 0.7), renormalised to [0.625, 0.375].
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
+    seen = set()
+    for seed in range(40):
+        token, logprob = sample(logits, rows(SamplingParams(top_p=0.7, seed=seed)))
+        seen.add(int(token))
+        expected = {0: math.log(0.625), 1: math.log(0.375)}[int(token)]
+        assert math.isclose(float(logprob), expected, rel_tol=1e-5)
+    assert seen == {0, 1}
+
+
+def test_temperature_scales_the_reported_distribution():
+    # At T=2 the logits [2, 0] become [1, 0]: p = e/(e+1) for token 0.
+    logits = torch.tensor([[2.0, 0.0]])
+    token, logprob = sample(logits, rows(SamplingParams(temperature=2.0, seed=1)))
+    p0 = math.e / (math.e + 1)
+    expected = math.log(p0) if int(token) == 0 else math.log(1 - p0)
+    assert math.isclose(float(logprob), expected, rel_tol=1e-5)
+
+
+def test_greedy_takes_the_argmax():
+    logits = torch.tensor([[0.1, 3.0, 0.2], [5.0, 0.0, 0.0]])
+    tokens, _ = sample(logits, rows(SamplingParams(temperature=0), SamplingParams(temperature=0)))
+    assert tokens.tolist() == [1, 0]
+
+
+def test_a_seeded_row_is_reproducible_whatever_shares_its_batch():
+    logits = torch.randn(3, 1000)
+    alone, _ = sample(logits[:1], rows(SamplingParams(seed=7)))
+    batched, _ = sample(logits, rows(SamplingParams(seed=7), SamplingParams(), SamplingParams()))
+    assert int(alone[0]) == int(batched[0])
+
+
+def test_draws_follow_the_distribution():
+    # 2000 draws from p = [0.7, 0.2, 0.1]; each frequency within 0.04 of p.
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]]))
+    sampler = rows(SamplingParams(seed=0))
+    counts = [0, 0, 0]
+    for _ in range(2000):
+        counts[int(sample(logits, sampler)[0][0])] += 1
+    for count, p in zip(counts, [0.7, 0.2, 0.1], strict=True):
+        assert abs(count / 2000 - p) < 0.04

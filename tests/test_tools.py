@@ -1,0 +1,51 @@
+from typing import Literal
+
+from reinforge.envs.tools import Tool
+
+
+def add(a: int, b: int = 2) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first addend.
+        b (int): The second addend.
+
+    Returns:
+        The sum.
+    """
+    return a + b
+
+
+async def shout(text: str, mode: Literal["upper", "lower"] = "upper") -> str:
+    """Change the case of text."""
+    if not text:
+        raise ValueError("nothing to shout")
+    return text.upper() if mode == "upper" else text.lower()
+
+
+def test_schema_comes_from_signature_and_docstring():
+    schema = Tool(add).schema
+    assert schema["type"] == "function"
+    function = schema["function"]
+    assert function["name"] == "add" and function["description"] == "Add two integers."
+    params = function["parameters"]
+    assert params["required"] == ["a"]
+    assert params["properties"]["a"] == {"type": "integer", "description": "The first addend."}
+    assert params["properties"]["b"]["default"] == 2
+    assert Tool(shout).schema["function"]["parameters"]["properties"]["mode"]["enum"] == [
+        "upper", "lower"
+    ]
+
+
+async def test_calls_validate_arguments_and_await_coroutines():
+    assert (await Tool(add).call('{"a": 3}')).content == "5"
+    assert (await Tool(shout).call({"text": "hi"})).content == "HI"
+
+
+async def test_errors_are_results_for_the_model():
+    bad_args = await Tool(add).call('{"a": "three"}')
+    assert bad_args.error and "invalid arguments" in bad_args.content
+    not_json = await Tool(add).call("{a: 1")
+    assert not_json.error
+    raised = await Tool(shout).call({"text": ""})
+    assert raised.error and raised.content == "Error: ValueError: nothing to shout"
