@@ -1,6 +1,6 @@
 """A complete user environment: reverse a word. Run it with
 
-    reinforge eval examples/reverse_env.py --model smollm2-135m --tasks 8 --rollouts 2
+reinforge eval examples/reverse_env.py --model smollm2-135m --tasks 8 --rollouts 2
 """
 
 import random
@@ -30,8 +30,12 @@ class Reverse(Environment):
         return [
             Task(
                 id=f"reverse-{seed}-{i}",
-                prompt=[{"role": "user", "content": f"Reverse the word '{w}'. "
-                         "Reply as <answer>...</answer>."}],
+                prompt=[
+                    {
+                        "role": "user",
+                        "content": f"Reverse the word '{w}'. Reply as <answer>...</answer>.",
+                    }
+                ],
                 answer=w[::-1],
             )
             for i, w in enumerate(words)

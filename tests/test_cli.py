@@ -15,21 +15,42 @@ ROOT = Path(__file__).resolve().parents[1]
 def reinforge(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "reinforge", *args],
-        capture_output=True, text=True, timeout=600, cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
     )
 
 
 def test_eval_writes_trajectories_that_carry_what_training_needs(tmp_path):
     out = tmp_path / "eval"
-    result = reinforge("eval", "arithmetic", "--model", "tiny-random", "--tasks", "4",
-                       "--rollouts", "2", "--out", str(out))
+    result = reinforge(
+        "eval",
+        "arithmetic",
+        "--model",
+        "tiny-random",
+        "--tasks",
+        "4",
+        "--rollouts",
+        "2",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     lines = (out / "trajectories.jsonl").read_text().splitlines()
     assert len(lines) == 8
     for line in lines:
         row = json.loads(line)
-        for key in ("task_id", "group_id", "token_ids", "loss_mask", "logprobs", "reward",
-                    "rewards", "status"):
+        for key in (
+            "task_id",
+            "group_id",
+            "token_ids",
+            "loss_mask",
+            "logprobs",
+            "reward",
+            "rewards",
+            "status",
+        ):
             assert key in row
         assert len(row["token_ids"]) == len(row["loss_mask"])
         assert sum(row["loss_mask"]) == len(row["logprobs"]) > 0
@@ -39,20 +60,42 @@ def test_eval_writes_trajectories_that_carry_what_training_needs(tmp_path):
 
 
 def test_user_environment_by_path_and_by_module(tmp_path):
-    by_path = reinforge("eval", "examples/reverse_env.py", "--model", "tiny-random",
-                        "--tasks", "2", "--out", str(tmp_path / "a"))
+    by_path = reinforge(
+        "eval",
+        "examples/reverse_env.py",
+        "--model",
+        "tiny-random",
+        "--tasks",
+        "2",
+        "--out",
+        str(tmp_path / "a"),
+    )
     assert by_path.returncode == 0, by_path.stderr
     module_dir = tmp_path / "pkg"
     module_dir.mkdir()
     (module_dir / "my_envs.py").write_text(
-        (ROOT / "examples" / "reverse_env.py").read_text().replace(
-            "def load_environment", "def make_reverse"
-        )
+        (ROOT / "examples" / "reverse_env.py")
+        .read_text()
+        .replace("def load_environment", "def make_reverse")
     )
     by_module = subprocess.run(
-        [sys.executable, "-m", "reinforge", "eval", "my_envs:make_reverse", "--model",
-         "tiny-random", "--tasks", "2", "--out", str(tmp_path / "b")],
-        capture_output=True, text=True, timeout=600, cwd=module_dir,
+        [
+            sys.executable,
+            "-m",
+            "reinforge",
+            "eval",
+            "my_envs:make_reverse",
+            "--model",
+            "tiny-random",
+            "--tasks",
+            "2",
+            "--out",
+            str(tmp_path / "b"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=module_dir,
         env={**__import__("os").environ, "PYTHONPATH": str(module_dir)},
     )
     assert by_module.returncode == 0, by_module.stderr
@@ -68,8 +111,10 @@ def test_user_environment_by_path_and_by_module(tmp_path):
         (["eval", "arithmetic", "--tasks", "0"], "--tasks must be at least 1"),
         (["eval", "arithmetic", "--tasks", "many"], "invalid int value"),
         (["eval", "arithmetic", "--env-arg", "novalue"], "KEY=VALUE"),
-        (["eval", "arithmetic", "--model", "tiny-random", "--env-arg", "bogus=1"],
-         "rejected its arguments"),
+        (
+            ["eval", "arithmetic", "--model", "tiny-random", "--env-arg", "bogus=1"],
+            "rejected its arguments",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_2(args, message):

@@ -9,9 +9,11 @@ def teacher_forced_logprobs(engine, prompt: list[int], completion: list[int]) ->
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
         logits = engine.model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
-    return torch.log_softmax(logits.float(), dim=-1).gather(
-        1, torch.tensor(completion).unsqueeze(1)
-    ).squeeze(1)
+    return (
+        torch.log_softmax(logits.float(), dim=-1)
+        .gather(1, torch.tensor(completion).unsqueeze(1))
+        .squeeze(1)
+    )
 
 
 async def test_concurrent_requests_get_the_logprobs_of_their_own_context(tiny_engine):

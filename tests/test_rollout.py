@@ -25,10 +25,12 @@ class Chatty(Environment):
     async def respond(self, episode: Episode) -> Continue | Finished:
         if episode.turns >= 3:
             return Finished()
-        return Continue([
-            {"role": "tool", "content": f"result {episode.turns}"},
-            {"role": "user", "content": "continue"},
-        ])
+        return Continue(
+            [
+                {"role": "tool", "content": f"result {episode.turns}"},
+                {"role": "user", "content": "continue"},
+            ]
+        )
 
 
 def length(episode: Episode) -> float:

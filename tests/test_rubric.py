@@ -22,7 +22,9 @@ async def shortest_in_group(eps: list[Episode]) -> list[float]:
 
 
 async def test_weighted_terms_and_group_terms():
-    rubric = Rubric(Reward(correct), Reward(short, weight=0.5), GroupReward(shortest_in_group, 0.25))
+    rubric = Rubric(
+        Reward(correct), Reward(short, weight=0.5), GroupReward(shortest_in_group, 0.25)
+    )
     results = await rubric.score([episode("yes"), episode("no, sorry")])
     # "yes": correct 1, short 1 (x0.5), shortest 1 (x0.25) -> 1.75
     # "no, sorry": 0 + 0 + 0 -> 0

@@ -25,9 +25,9 @@ def free_port() -> int:
 def server() -> Iterator[str]:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "reinforge", "serve", "--model", "tiny-random",
-         "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [sys.executable, "-m", "reinforge", "serve", "--model", "tiny-random", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -54,7 +54,10 @@ def test_chat_with_n_and_logprobs_returns_token_ids(client):
     response = client.chat.completions.create(
         model="tiny-random",
         messages=[{"role": "user", "content": "Hello!"}],
-        n=2, logprobs=True, max_tokens=5, seed=1,
+        n=2,
+        logprobs=True,
+        max_tokens=5,
+        seed=1,
     )
     assert len(response.choices) == 2
     extra = response.model_extra
@@ -69,14 +72,20 @@ def test_chat_with_n_and_logprobs_returns_token_ids(client):
 
 def test_continuation_from_prompt_token_ids_extends_the_exact_tokens(client):
     first = client.chat.completions.create(
-        model="tiny-random", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, seed=2,
+        model="tiny-random",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        seed=2,
     )
     sampled = first.model_extra["prompt_token_ids"] + first.choices[0].model_extra["token_ids"]
     raw = first.choices[0].model_extra["raw_text"]
     second = client.chat.completions.create(
         model="tiny-random",
-        messages=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": raw},
-                  {"role": "user", "content": "More"}],
+        messages=[
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": raw},
+            {"role": "user", "content": "More"},
+        ],
         max_tokens=4,
         extra_body={"prompt_token_ids": sampled},
     )
@@ -131,8 +140,11 @@ def test_max_tokens_negative_via_the_openai_client(client):
 
 
 def test_context_too_long_is_named(server):
-    request = {"model": "tiny-random", "messages": [{"role": "user", "content": "x"}],
-               "max_tokens": 100_000}
+    request = {
+        "model": "tiny-random",
+        "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": 100_000,
+    }
     error = httpx.post(f"{server}/v1/chat/completions", json=request).json()["error"]
     assert error["code"] == "context_length_exceeded"
 
@@ -146,7 +158,8 @@ def test_unknown_model_is_404(client):
 
 def test_malformed_json_is_400(server):
     response = httpx.post(
-        f"{server}/v1/chat/completions", content=b"{not json",
+        f"{server}/v1/chat/completions",
+        content=b"{not json",
         headers={"content-type": "application/json"},
     )
     assert response.status_code == 400 and "error" in response.json()

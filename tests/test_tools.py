@@ -33,7 +33,8 @@ def test_schema_comes_from_signature_and_docstring():
     assert params["properties"]["a"] == {"type": "integer", "description": "The first addend."}
     assert params["properties"]["b"]["default"] == 2
     assert Tool(shout).schema["function"]["parameters"]["properties"]["mode"]["enum"] == [
-        "upper", "lower"
+        "upper",
+        "lower",
     ]
 
 

@@ -16,9 +16,12 @@ from reinforge.policy.models import DEFAULT_MODEL
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("eval", help="evaluate a model on an environment")
     parser.add_argument("env", help="built-in or installed name, path/to/env.py, or module:fn")
-    parser.add_argument("--model", default=DEFAULT_MODEL,
-                        help="model spec (smollm2-135m, tiny-random, HF folder) or an "
-                        "http(s)://.../v1 URL of an OpenAI-compatible server")
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="model spec (smollm2-135m, tiny-random, HF folder) or an "
+        "http(s)://.../v1 URL of an OpenAI-compatible server",
+    )
     parser.add_argument("--model-name", help="model name to request from a URL server")
     parser.add_argument("--tasks", type=int, default=16, help="number of tasks")
     parser.add_argument("--rollouts", type=int, default=1, help="rollouts per task")
@@ -30,8 +33,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", type=Path, help="output folder (default: runs/eval-ENV-TIME)")
     parser.add_argument("--seed", type=int, default=0, help="seed for tasks and sampling")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--env-arg", action="append", default=[], metavar="KEY=VALUE",
-                        help="argument for the environment's loader (repeatable)")
+    parser.add_argument(
+        "--env-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="argument for the environment's loader (repeatable)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -55,8 +63,10 @@ async def _run(args: argparse.Namespace, env: Any, out: Path) -> int:
 
     console = Console(stderr=True)
     sampling = SamplingDefaults(
-        temperature=args.temperature, top_p=args.top_p,
-        max_tokens=env.harness.max_tokens_per_turn, seed=args.seed,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_tokens=env.harness.max_tokens_per_turn,
+        seed=args.seed,
     )
     engine = None
     if args.model.startswith(("http://", "https://")):
@@ -68,8 +78,10 @@ async def _run(args: argparse.Namespace, env: Any, out: Path) -> int:
             engine = Engine.from_spec(args.model, dtype=args.dtype)
         client = PolicyClient.for_engine(engine, sampling)
     settings = RolloutSettings(
-        rollouts_per_task=args.rollouts, concurrency=args.concurrency,
-        timeout_s=args.timeout, seed=args.seed,
+        rollouts_per_task=args.rollouts,
+        concurrency=args.concurrency,
+        timeout_s=args.timeout,
+        seed=args.seed,
     )
     try:
         with _progress(console, args.tasks * args.rollouts) as advance:
@@ -119,8 +131,12 @@ class _progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
         self._bar = Progress(
-            "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), console=console, transient=True,
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
         )
         self._task = self._bar.add_task("rollouts", total=total)
 
@@ -140,7 +156,10 @@ def _print_summary(console: Any, summary: dict[str, Any], out: Path) -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     rows: list[tuple[str, str]] = [
-        ("tasks x rollouts", f"{summary['tasks']} x {summary['rollouts'] // max(summary['tasks'], 1)}"),
+        (
+            "tasks x rollouts",
+            f"{summary['tasks']} x {summary['rollouts'] // max(summary['tasks'], 1)}",
+        ),
         ("reward (mean ± std)", f"{summary['reward_mean']:.3f} ± {summary['reward_std']:.3f}"),
     ]
     rows += [(f"  {name}", f"{value:.3f}") for name, value in summary["rewards"].items()]

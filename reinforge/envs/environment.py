@@ -16,7 +16,7 @@ from typing import Any
 from reinforge.envs.rubric import Rubric
 from reinforge.envs.tools import Tool, ToolResult
 from reinforge.policy.chat import parse_tool_calls
-from reinforge.policy.client import EpisodeClient, EpisodeLimit
+from reinforge.policy.client import ChatClient, EpisodeLimit
 from reinforge.types import Message, Task
 
 
@@ -101,7 +101,7 @@ class Environment:
         """Answer an assistant turn that made no tool call. Single-turn: always Finished."""
         return Finished()
 
-    async def rollout(self, client: EpisodeClient, task: Task) -> Episode:
+    async def rollout(self, client: ChatClient, task: Task) -> Episode:
         harness = self.harness
         episode = Episode(task, harness.initial_messages(task), self.setup(task))
         while episode.turns < harness.max_turns:
@@ -139,13 +139,20 @@ class Environment:
             tool = self._tools.get(function["name"])
             if tool is None:
                 known = ", ".join(self._tools)
-                result = ToolResult(f"Error: no tool named {function['name']!r}; tools: {known}",
-                                    error=True)
+                result = ToolResult(
+                    f"Error: no tool named {function['name']!r}; tools: {known}", error=True
+                )
             else:
                 result = await tool.call(function.get("arguments") or "{}")
             episode.tool_errors += result.error
-            results.append({"role": "tool", "tool_call_id": call.get("id"),
-                             "name": function["name"], "content": result.content})
+            results.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": call.get("id"),
+                    "name": function["name"],
+                    "content": result.content,
+                }
+            )
         return results
 
 

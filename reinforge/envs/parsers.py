@@ -19,7 +19,8 @@ __all__ = [
     "strip_think",
 ]
 
-_INTEGER = re.compile(r"-?\d[\d,]*")
+# Thousands separators only in groups of three; a decimal part makes it not an integer.
+_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 
 
@@ -35,14 +36,12 @@ def strip_think(text: str) -> str:
 
 
 def last_integer(text: str) -> int | None:
-    """The last integer written in the text (thousands commas allowed)."""
-    found = _INTEGER.findall(text)
+    """The last number written in the text, if it is an integer ("1,234" and "12.0" are)."""
+    found = _NUMBER.findall(text)
     if not found:
         return None
-    try:
-        return int(found[-1].replace(",", ""))
-    except ValueError:
-        return None
+    whole, _, fraction = found[-1].replace(",", "").partition(".")
+    return int(whole) if fraction.strip("0") == "" else None
 
 
 def follows_think_answer(text: str) -> bool:

@@ -30,7 +30,7 @@ def load_environment(spec: str, **kwargs: Any) -> Environment:
     factory = _factory(spec)
     try:
         environment = factory(**kwargs)
-    except TypeError as error:
+    except (TypeError, ValueError) as error:
         raise UsageError(f"environment {spec!r} rejected its arguments: {error}") from error
     if not isinstance(environment, Environment):
         raise UsageError(f"{spec!r} returned {type(environment).__name__}, not an Environment")

@@ -64,9 +64,7 @@ class ChatFormat:
         text = self._render(self._with_tools(messages, tools), add_generation_prompt=True)
         return self._encode(text)
 
-    def render_text(
-        self, messages: list[Message], tools: Sequence[dict] | None = None
-    ) -> str:
+    def render_text(self, messages: list[Message], tools: Sequence[dict] | None = None) -> str:
         """The conversation as the template writes it (no generation prompt)."""
         return self._render(self._with_tools(messages, tools))
 

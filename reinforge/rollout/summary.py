@@ -29,9 +29,7 @@ def summarize(groups: list[Group], pass_threshold: float, wall_s: float) -> dict
     pass_k: list[float] = []
     for group in groups:
         n = len(group.trajectories)
-        passed = sum(
-            t.status in SCORED and t.reward >= pass_threshold for t in group.trajectories
-        )
+        passed = sum(t.status in SCORED and t.reward >= pass_threshold for t in group.trajectories)
         pass_1.append(pass_at_k(n, passed, 1))
         pass_k.append(pass_at_k(n, passed, n))
     sampled = sum(t.completion_tokens for t in trajectories)
