@@ -78,3 +78,47 @@ async def test_unknown_weight_names_are_refused(tiny_engine):
         assert "no.such.weight" in str(error)
     else:
         raise AssertionError("expected KeyError")
+
+
+def test_identical_prompts_are_prefilled_once(tiny_engine):
+    # Drive one prefill directly, so that all four requests are in it whatever the timing.
+    from concurrent.futures import Future
+
+    from reinforge.policy.engine import _Batch, _Request
+
+    prompt = [11, 12, 13, 14]
+    requests = [_Request(prompt, SamplingParams(max_tokens=1, seed=s), Future()) for s in range(4)]
+    requests.append(_Request([9, 8], SamplingParams(max_tokens=1, seed=9), Future()))
+    before = tiny_engine.stats.prefill_tokens
+    with tiny_engine._lock, torch.inference_mode():
+        tiny_engine._prefill(_Batch(), requests)
+    assert tiny_engine.stats.prefill_tokens - before == len(prompt) + 2
+    for request in requests:
+        completion = request.future.result(timeout=0)
+        expected = teacher_forced_logprobs(tiny_engine, request.prompt_ids, completion.token_ids)
+        assert torch.allclose(torch.tensor(completion.logprobs), expected, atol=1e-4)
+
+
+async def test_a_continuation_reuses_cached_states_and_keeps_exact_logprobs(tiny_engine):
+    first_prompt = list(range(40, 60))
+    first = await tiny_engine.generate(first_prompt, SamplingParams(max_tokens=5, seed=3))
+    follow_up = first_prompt + first.token_ids + [7, 8, 9]
+    cached_before = tiny_engine.stats.cached_tokens
+    computed_before = tiny_engine.stats.prefill_tokens
+    second = await tiny_engine.generate(follow_up, SamplingParams(max_tokens=6, seed=4))
+    # Everything but the last sampled token of the first turn was cached.
+    assert tiny_engine.stats.cached_tokens - cached_before == len(first_prompt) + 4
+    assert tiny_engine.stats.prefill_tokens - computed_before == 4
+    expected = teacher_forced_logprobs(tiny_engine, follow_up, second.token_ids)
+    assert torch.allclose(torch.tensor(second.logprobs), expected, atol=1e-4)
+
+
+async def test_new_weights_drop_cached_states(tiny_engine):
+    prompt = list(range(70, 90))
+    first = await tiny_engine.generate(prompt, SamplingParams(max_tokens=3, seed=1))
+    name = "model.norm.weight"
+    weight = tiny_engine.model.get_parameter(name).detach().clone()
+    tiny_engine.update_weights({name: weight})  # same values, but a new policy version
+    cached_before = tiny_engine.stats.cached_tokens
+    await tiny_engine.generate(prompt + first.token_ids, SamplingParams(max_tokens=2, seed=1))
+    assert tiny_engine.stats.cached_tokens == cached_before

@@ -22,6 +22,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from reinforge.policy.models import load_model
+from reinforge.policy.prefix_cache import PrefixCache, PrefixHit
 from reinforge.policy.sampling import RowSampler, SamplingParams, sample
 
 FinishReason = Literal["stop", "length"]
@@ -56,6 +57,8 @@ class EngineStats:
     requests: int = 0
     generated_tokens: int = 0
     prefill_tokens: int = 0
+    """Prompt tokens computed; those found in the prefix cache are `cached_tokens`."""
+    cached_tokens: int = 0
     decode_steps: int = 0
     busy_s: float = 0.0
 
@@ -69,6 +72,7 @@ class Engine:
         tokenizer: PreTrainedTokenizerBase,
         name: str = "model",
         max_batch: int = 64,
+        prefix_cache_bytes: int = 1 << 30,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -79,6 +83,7 @@ class Engine:
         self.version = 0
         self.stats = EngineStats()
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self._prefixes = PrefixCache(prefix_cache_bytes)
         self._lock = threading.Lock()  # held during a model step and a weight update
         self._inbox: queue.Queue[_Request | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="reinforge-engine", daemon=True)
@@ -113,6 +118,7 @@ class Engine:
         with self._lock, torch.no_grad():
             for name, tensor in state.items():
                 params[name].copy_(tensor)
+            self._prefixes.clear()
             self.version += 1
             return self.version
 
@@ -167,15 +173,28 @@ class Engine:
         return arrivals
 
     def _prefill(self, batch: _Batch, arrivals: list[_Request]) -> None:
-        """Run the new prompts in one left-padded forward and merge them into the batch."""
-        width = max(len(r.prompt_ids) for r in arrivals)
-        ids = torch.full((len(arrivals), width), self._pad_id, dtype=torch.long)  # (N, W)
-        mask = torch.zeros((len(arrivals), width), dtype=torch.long)  # (N, W)
-        for row, request in enumerate(arrivals):
-            ids[row, width - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids)
-            mask[row, width - len(request.prompt_ids) :] = 1
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # (N, W)
-        cache = DynamicCache()
+        """Compute the new prompts in one forward and merge them into the running batch.
+
+        Identical prompts (the k rollouts of one task, or `n` > 1) are computed once.
+        Each prompt's longest cached prefix is reused: only the rest is computed, so a
+        multi-turn episode pays for its new tokens, not for the conversation again.
+        Row layout (left-padded): [pad | cached prefix | pad | new tokens].
+        """
+        unique: dict[tuple[int, ...], int] = {}
+        source = [unique.setdefault(tuple(r.prompt_ids), len(unique)) for r in arrivals]
+        prompts = list(unique)
+        hits = [self._prefixes.lookup(list(p)) for p in prompts]
+        cached = [hit.length if hit else 0 for hit in hits]
+        new = [p[c:] for p, c in zip(prompts, cached, strict=True)]
+        c_width, n_width = max(cached), max(len(n) for n in new)
+        ids = torch.full((len(prompts), n_width), self._pad_id, dtype=torch.long)  # (U, N)
+        mask = torch.zeros((len(prompts), c_width + n_width), dtype=torch.long)  # (U, C+N)
+        for row, (tokens, length) in enumerate(zip(new, cached, strict=True)):
+            ids[row, n_width - len(tokens) :] = torch.tensor(tokens)
+            mask[row, c_width - length : c_width] = 1
+            mask[row, c_width + n_width - len(tokens) :] = 1
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, c_width:]  # (U, N)
+        cache = _cache_with_prefixes(hits, c_width)
         logits = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -183,11 +202,15 @@ class Engine:
             cache=cache,
             use_cache=True,
             logits_to_keep=1,
-        ).logits[:, -1]  # (N, V)
-        self.stats.prefill_tokens += int(mask.sum())
+        ).logits[:, -1]  # (U, V)
+        self.stats.prefill_tokens += sum(len(n) for n in new)
+        self.stats.cached_tokens += sum(cached)
         self.stats.requests += len(arrivals)
-        batch.merge(arrivals, cache, mask)
-        self._accept(batch, logits, first_new_row=len(batch.requests) - len(arrivals))
+        rows = torch.tensor(source)  # (A,): each arrival's unique prompt
+        if len(prompts) < len(arrivals):
+            cache.batch_select_indices(rows)
+        batch.merge(arrivals, cache, mask.index_select(0, rows))
+        self._accept(batch, logits.index_select(0, rows), len(batch.requests) - len(arrivals))
 
     def _decode(self, batch: _Batch) -> None:
         """One token for every running row (those prefilled in this iteration included)."""
@@ -226,8 +249,22 @@ class Engine:
                 finished.append(first_new_row + offset)
         for row in finished:
             request = batch.requests[row]
+            self._keep_prefix(batch, row)
             request.future.set_result(request.completion)
         batch.retire(finished)
+
+    def _keep_prefix(self, batch: _Batch, row: int) -> None:
+        """Cache a finished row's states: its prompt and all sampled tokens but the last,
+        which was never fed back."""
+        request = batch.requests[row]
+        assert batch.cache is not None
+        columns = batch.mask[row].nonzero().squeeze(1)  # (L,)
+        tokens = (*request.prompt_ids, *request.completion.token_ids[:-1])
+        if len(columns) != len(tokens):  # cannot happen unless the bookkeeping is broken
+            raise RuntimeError(f"row holds {len(columns)} states for {len(tokens)} tokens")
+        keys = [layer.keys[row].index_select(1, columns) for layer in batch.cache.layers]
+        values = [layer.values[row].index_select(1, columns) for layer in batch.cache.layers]
+        self._prefixes.store(tokens, keys, values)
 
     def _finished(self, request: _Request, token: int) -> bool:
         completion = request.completion
@@ -290,6 +327,24 @@ class _Batch:
             if not request.future.done():
                 request.future.set_exception(error)
         self.requests = []
+
+
+def _cache_with_prefixes(hits: list[PrefixHit | None], width: int) -> DynamicCache:
+    """A cache holding each row's cached prefix, right-aligned in `width` columns."""
+    cache = DynamicCache()
+    found = [hit for hit in hits if hit is not None]
+    if not found:
+        return cache
+    for layer, sample in enumerate(found[0].keys):
+        heads, _, dim = sample.shape
+        keys = sample.new_zeros((len(hits), heads, width, dim))  # (U, H, C, D)
+        values = sample.new_zeros((len(hits), heads, width, dim))
+        for row, hit in enumerate(hits):
+            if hit is not None:
+                keys[row, :, width - hit.length :] = hit.keys[layer]
+                values[row, :, width - hit.length :] = hit.values[layer]
+        cache.update(keys, values, layer)
+    return cache
 
 
 def _left_pad(states: torch.Tensor, width: int) -> torch.Tensor:

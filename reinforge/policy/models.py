@@ -11,6 +11,8 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -22,6 +24,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.utils import logging as hf_logging
 
 from reinforge.errors import UsageError
 
@@ -57,10 +60,20 @@ def load_model(
                 f"unknown model {spec!r}: not one of {', '.join(BUILTIN_MODELS)} "
                 "and not a folder holding a Hugging Face model (config.json)"
             )
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        with _quiet_progress():  # loading safetensors takes well under a second
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(folder)
     model.to(torch_dtype(dtype)).eval()
     return model, tokenizer
+
+
+@contextmanager
+def _quiet_progress() -> Iterator[None]:
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
 
 
 def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:

@@ -92,7 +92,10 @@ def create_app(engine: Engine, default_max_tokens: int = 512) -> FastAPI:
     async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
         first = error.errors()[0]
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        return _error(400, f"{param or 'body'}: {first.get('msg')}", param, "invalid_request")
+        if param is None:  # the body itself: not JSON, or not an object
+            message = "the request body must be a JSON object (Content-Type: application/json)"
+            return _error(400, message, None, "invalid_request")
+        return _error(400, f"{param}: {first.get('msg')}", param, "invalid_request")
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, error: Exception) -> JSONResponse:
