@@ -335,10 +335,10 @@ def _cache_with_prefixes(hits: list[PrefixHit | None], width: int) -> DynamicCac
     found = [hit for hit in hits if hit is not None]
     if not found:
         return cache
-    for layer, sample in enumerate(found[0].keys):
-        heads, _, dim = sample.shape
-        keys = sample.new_zeros((len(hits), heads, width, dim))  # (U, H, C, D)
-        values = sample.new_zeros((len(hits), heads, width, dim))
+    for layer, reference in enumerate(found[0].keys):
+        heads, _, dim = reference.shape
+        keys = reference.new_zeros((len(hits), heads, width, dim))  # (U, H, C, D)
+        values = reference.new_zeros((len(hits), heads, width, dim))
         for row, hit in enumerate(hits):
             if hit is not None:
                 keys[row, :, width - hit.length :] = hit.keys[layer]
