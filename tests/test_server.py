@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -163,3 +164,34 @@ def test_malformed_json_is_400(server):
         headers={"content-type": "application/json"},
     )
     assert response.status_code == 400 and "error" in response.json()
+
+
+def test_eval_against_the_server_url_keeps_token_records(server, tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reinforge",
+            "eval",
+            "arithmetic",
+            "--model",
+            f"{server}/v1",
+            "--tasks",
+            "2",
+            "--rollouts",
+            "2",
+            "--max-tokens",
+            "4",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    assert len(rows) == 4
+    for row in rows:
+        assert sum(row["loss_mask"]) == len(row["logprobs"]) == 4
+        assert row["policy_versions"] == [0] * 4
