@@ -35,7 +35,8 @@ import httpx
 import torch
 
 from reinforge.envs.registry import load_environment
-from reinforge.policy.models import DEFAULT_MODEL, default_model_folder, load_model
+from reinforge.policy.models import default_model_folder, load_model
+from reinforge.policy.specs import DEFAULT_MODEL
 
 REQUESTS = 32
 MAX_TOKENS = 48

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from reinforge.errors import UsageError
-from reinforge.policy.models import DEFAULT_MODEL
+from reinforge.policy.specs import DEFAULT_MODEL
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

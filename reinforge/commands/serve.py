@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from reinforge.policy.models import DEFAULT_MODEL
+from reinforge.policy.specs import DEFAULT_MODEL
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

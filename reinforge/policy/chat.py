@@ -18,11 +18,12 @@ import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from reinforge.types import Message
+
+if TYPE_CHECKING:  # environments import this module; keep transformers out of their path
+    from transformers import PreTrainedTokenizerBase
 
 _SENTINEL = "\x00reinforge-sentinel\x00"
 _DUMMY: list[Message] = [

