@@ -70,12 +70,14 @@ class Arithmetic(Environment):
         for i in range(n):
             text, value = expression(rng, self.difficulty)
             prompt = f"What is {text}? Answer with just the number."
-            tasks.append(Task(
-                id=f"arithmetic-{seed}-{i}",
-                prompt=[{"role": "user", "content": prompt}],
-                answer=value,
-                info={"difficulty": self.difficulty, "expression": text},
-            ))
+            tasks.append(
+                Task(
+                    id=f"arithmetic-{seed}-{i}",
+                    prompt=[{"role": "user", "content": prompt}],
+                    answer=value,
+                    info={"difficulty": self.difficulty, "expression": text},
+                )
+            )
         return tasks
 
 

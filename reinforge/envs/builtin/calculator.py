@@ -24,11 +24,15 @@ MAX_BITS = 4096
 """Bounds that keep a hostile expression (9**9**9, deep nesting) from stalling a worker."""
 
 _BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-    ast.Div: operator.truediv, ast.Pow: operator.pow,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.Pow: operator.pow,
 }
 _UNARY: dict[type[ast.unaryop], Callable[[float], float]] = {
-    ast.UAdd: operator.pos, ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+    ast.USub: operator.neg,
 }
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
@@ -53,29 +57,41 @@ def train(rng: random.Random) -> tuple[str, int]:
 
 def wallet(rng: random.Random) -> tuple[str, int]:
     a, b, c = rng.randint(200, 999), rng.randint(20, 199), rng.randint(20, 999)
-    return (f"Tom has {a} dollars. He spends {b} dollars and then earns {c} dollars. "
-            "How many dollars does he have now?", a - b + c)
+    return (
+        f"Tom has {a} dollars. He spends {b} dollars and then earns {c} dollars. "
+        "How many dollars does he have now?",
+        a - b + c,
+    )
 
 
 def school(rng: random.Random) -> tuple[str, int]:
     a, b, c = rng.randint(12, 60), rng.randint(18, 35), rng.randint(5, 99)
-    return (f"A school has {a} classes of {b} students. {c} students are absent. "
-            "How many students are present?", a * b - c)
+    return (
+        f"A school has {a} classes of {b} students. {c} students are absent. "
+        "How many students are present?",
+        a * b - c,
+    )
 
 
 def eggs(rng: random.Random) -> tuple[str, int]:
     a, b, c = rng.randint(12, 36), rng.randint(10, 90), rng.randint(3, 30)
-    return (f"A farm packs {a} eggs into each tray and fills {b} trays a day. "
-            f"How many eggs does it pack in {c} days?", a * b * c)
+    return (
+        f"A farm packs {a} eggs into each tray and fills {b} trays a day. "
+        f"How many eggs does it pack in {c} days?",
+        a * b * c,
+    )
 
 
 def tickets(rng: random.Random) -> tuple[str, int]:
     a, b, c = rng.randint(12, 99), rng.randint(12, 99), rng.randint(10, 99)
-    return (f"A ticket costs {a} dollars. How much do {b} tickets cost with {c} dollars off "
-            "the total?", a * b - c)
+    return (
+        f"A ticket costs {a} dollars. How much do {b} tickets cost with {c} dollars off the total?",
+        a * b - c,
+    )
 
 
 PROBLEMS: tuple[Problem, ...] = (pencils, train, wallet, school, eggs, tickets)
+
 
 def evaluate(expression: str) -> int | float:
     """The value of an arithmetic expression; raises ValueError on anything else."""
@@ -104,8 +120,9 @@ def _value(node: ast.expr) -> int | float:
         except OverflowError:
             raise ValueError("result too large") from None
         return _checked(result)
-    raise ValueError(f"only numbers, + - * / ** and parentheses are allowed, not "
-                     f"{ast.unparse(node)!r}")
+    raise ValueError(
+        f"only numbers, + - * / ** and parentheses are allowed, not {ast.unparse(node)!r}"
+    )
 
 
 def _checked(result: int | float | complex) -> int | float:
@@ -159,20 +176,28 @@ class Calculator(Environment):
         for i in range(n):
             problem = rng.choice(PROBLEMS)
             text, answer = problem(rng)
-            tasks.append(Task(
-                id=f"calculator-{seed}-{i}",
-                prompt=[{"role": "user", "content": text}],
-                answer=answer,
-                info={"problem": problem.__name__},
-            ))
+            tasks.append(
+                Task(
+                    id=f"calculator-{seed}-{i}",
+                    prompt=[{"role": "user", "content": text}],
+                    answer=answer,
+                    info={"problem": problem.__name__},
+                )
+            )
         return tasks
 
 
 def load_environment(
-    max_turns: int = 4, max_tokens: int = 128, tool_weight: float = 0.1,
+    max_turns: int = 4,
+    max_tokens: int = 128,
+    tool_weight: float = 0.1,
     system_prompt: str | None = SYSTEM_PROMPT,
 ) -> Calculator:
-    harness = Harness(system_prompt=system_prompt, tools=[Tool(calculate)],
-                      max_turns=max_turns, max_tokens_per_turn=max_tokens)
+    harness = Harness(
+        system_prompt=system_prompt,
+        tools=[Tool(calculate)],
+        max_turns=max_turns,
+        max_tokens_per_turn=max_tokens,
+    )
     rubric = Rubric(Reward(correct, 1.0), Reward(used_tool, tool_weight), pass_threshold=1.0)
     return Calculator(harness, rubric)

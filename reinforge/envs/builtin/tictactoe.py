@@ -88,17 +88,20 @@ def render(board: Board) -> str:
     """Free cells show their number, so the move to type is on the board."""
     rows = []
     for r in range(3):
-        cells = [board[3 * r + i] if board[3 * r + i] != " " else str(3 * r + i + 1)
-                 for i in range(3)]
+        cells = [
+            board[3 * r + i] if board[3 * r + i] != " " else str(3 * r + i + 1) for i in range(3)
+        ]
         rows.append(" " + " | ".join(cells))
     return "\n---+---+---\n".join(rows)
 
 
 def opening(mark: str, board: Board) -> str:
     first = "You move first." if mark == "X" else "I played first."
-    return (f"Let's play tic-tac-toe. You are {mark}. {first} "
-            f"The free cells show their numbers.\n\n{render(board)}\n\n"
-            "Your move: reply with the number of a free cell.")
+    return (
+        f"Let's play tic-tac-toe. You are {mark}. {first} "
+        f"The free cells show their numbers.\n\n{render(board)}\n\n"
+        "Your move: reply with the number of a free cell."
+    )
 
 
 def outcome(episode: Episode) -> float:
@@ -120,20 +123,34 @@ class TicTacToe(Environment):
         for i in range(n):
             mark = self.play_as if self.play_as != "alternate" else "XO"[i % 2]
             game_seed = rng.getrandbits(32)
-            board = EMPTY if mark == "X" else place(
-                EMPTY, opponent_move(EMPTY, self.opponent, game_seed), "X")
-            tasks.append(Task(
-                id=f"tictactoe-{seed}-{i}",
-                prompt=[{"role": "user", "content": opening(mark, board)}],
-                info={"mark": mark, "seed": game_seed, "board": list(board),
-                      "opponent": self.opponent},
-            ))
+            board = (
+                EMPTY
+                if mark == "X"
+                else place(EMPTY, opponent_move(EMPTY, self.opponent, game_seed), "X")
+            )
+            tasks.append(
+                Task(
+                    id=f"tictactoe-{seed}-{i}",
+                    prompt=[{"role": "user", "content": opening(mark, board)}],
+                    info={
+                        "mark": mark,
+                        "seed": game_seed,
+                        "board": list(board),
+                        "opponent": self.opponent,
+                    },
+                )
+            )
         return tasks
 
     def setup(self, task: Task) -> dict[str, Any]:
         """`moves`: the cells played in this episode, the agent's and the opponent's in turn."""
-        return {"board": list(task.info["board"]), "mark": task.info["mark"], "moves": [],
-                "outcome": None, "reason": None}
+        return {
+            "board": list(task.info["board"]),
+            "mark": task.info["mark"],
+            "moves": [],
+            "outcome": None,
+            "reason": None,
+        }
 
     async def respond(self, episode: Episode) -> Step:
         state = episode.state
@@ -142,8 +159,9 @@ class TicTacToe(Environment):
         cell = parse_move(episode.completion)
         if cell is None or cell not in free_cells(board):
             state["outcome"] = "illegal"
-            state["reason"] = ("no cell number in the reply" if cell is None
-                               else f"cell {cell} is not a free cell")
+            state["reason"] = (
+                "no cell number in the reply" if cell is None else f"cell {cell} is not a free cell"
+            )
             return Finished()
         board = place(board, cell, mark)
         state["moves"].append(cell)
@@ -171,7 +189,9 @@ class TicTacToe(Environment):
 
 
 def load_environment(
-    opponent: str = "random", play_as: str = "X", max_tokens: int = 48,
+    opponent: str = "random",
+    play_as: str = "X",
+    max_tokens: int = 48,
     system_prompt: str | None = None,
 ) -> TicTacToe:
     """`play_as="alternate"` gives even-numbered tasks X and odd-numbered ones O."""

@@ -18,7 +18,8 @@ from reinforge.envs.rubric import Reward, Rubric
 from reinforge.errors import UsageError
 from reinforge.types import Task
 
-WORDS = tuple("""
+WORDS = tuple(
+    """
 about above actor acute adult after again agent agree ahead alarm album alert alike alive allow
 alone along alter among angel anger angle angry apart apple apply arena argue arise array aside
 asset audio avoid award aware badly baker basic basis beach begin being below bench birth black
@@ -48,7 +49,8 @@ third those three threw throw tight timer title today topic total touch tower tr
 treat trend trial tried truck truly trust truth twice under union unity until upper upset urban
 usage usual valid value video visit vital voice waste watch water wheel where which while white
 whole whose woman women world worry worse worst worth would wound write wrong wrote young youth
-""".split())
+""".split()
+)
 """Common English words, the hidden targets."""
 
 GREEN, YELLOW, GRAY = "G", "Y", "."
@@ -104,15 +106,23 @@ class Wordle(Environment):
         rng = random.Random(seed)
         prompt = _RULES.format(guesses=self.max_guesses)
         return [
-            Task(id=f"wordle-{seed}-{i}", prompt=[{"role": "user", "content": prompt}],
-                 answer=rng.choice(WORDS))
+            Task(
+                id=f"wordle-{seed}-{i}",
+                prompt=[{"role": "user", "content": prompt}],
+                answer=rng.choice(WORDS),
+            )
             for i in range(n)
         ]
 
     def setup(self, task: Task) -> dict[str, Any]:
         """`guesses` holds every reply's guess (None when invalid), `feedback` its marks."""
-        return {"target": task.answer, "max_guesses": self.max_guesses, "guesses": [],
-                "feedback": [], "solved": False}
+        return {
+            "target": task.answer,
+            "max_guesses": self.max_guesses,
+            "guesses": [],
+            "feedback": [],
+            "solved": False,
+        }
 
     async def respond(self, episode: Episode) -> Step:
         state = episode.state
@@ -134,12 +144,15 @@ class Wordle(Environment):
 
 
 def load_environment(
-    max_guesses: int = 6, max_tokens: int = 48, speed_weight: float = 0.2,
+    max_guesses: int = 6,
+    max_tokens: int = 48,
+    speed_weight: float = 0.2,
     system_prompt: str | None = None,
 ) -> Wordle:
     if max_guesses < 1:
         raise UsageError(f"wordle: max_guesses must be at least 1, got {max_guesses!r}")
-    harness = Harness(system_prompt=system_prompt, max_turns=max_guesses,
-                      max_tokens_per_turn=max_tokens)
+    harness = Harness(
+        system_prompt=system_prompt, max_turns=max_guesses, max_tokens_per_turn=max_tokens
+    )
     rubric = Rubric(Reward(solved, 1.0), Reward(speed, speed_weight), pass_threshold=1.0)
     return Wordle(max_guesses, harness, rubric)
