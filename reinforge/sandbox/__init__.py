@@ -1,0 +1,33 @@
+"""Sandboxes: one isolated computer per rollout (protocol, local backend, pool, Docker)."""
+
+from reinforge.sandbox.local import LocalProvider, LocalSandbox
+from reinforge.sandbox.pool import PooledSandbox, SandboxPool
+from reinforge.sandbox.protocol import (
+    Capabilities,
+    ExecResult,
+    HostView,
+    Rootfs,
+    Sandbox,
+    SandboxClosed,
+    SandboxError,
+    SandboxPaused,
+    SandboxProvider,
+    SandboxSpec,
+)
+
+__all__ = [
+    "Capabilities",
+    "ExecResult",
+    "HostView",
+    "LocalProvider",
+    "LocalSandbox",
+    "PooledSandbox",
+    "Rootfs",
+    "Sandbox",
+    "SandboxClosed",
+    "SandboxError",
+    "SandboxPaused",
+    "SandboxPool",
+    "SandboxProvider",
+    "SandboxSpec",
+]
