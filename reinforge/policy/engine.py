@@ -73,11 +73,17 @@ class Engine:
         name: str = "model",
         max_batch: int = 64,
         prefix_cache_bytes: int = 1 << 30,
+        admit_group: int = 8,
+        admit_wait_steps: int = 4,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
         self.max_batch = max_batch
+        self.admit_group = admit_group
+        """New requests join a running batch once this many wait..."""
+        self.admit_wait_steps = admit_wait_steps
+        """...or once the first of them has waited this many decode steps."""
         self.max_context = int(getattr(model.config, "max_position_embeddings", 2048))
         self.eos_ids = _eos_ids(model, tokenizer)
         self.version = 0
@@ -130,12 +136,23 @@ class Engine:
 
     def _loop(self) -> None:
         batch = _Batch()
+        waiting: list[_Request] = []
+        waited_steps = 0
         while True:
-            room = self.max_batch - len(batch.requests)
-            arrivals = self._take_arrivals(block=not batch.requests, room=room)
-            if arrivals is None:
+            if not self._collect(waiting, block=not (batch.requests or waiting)):
                 batch.fail(RuntimeError("engine closed"))
+                _fail(waiting, RuntimeError("engine closed"))
                 return
+            room = self.max_batch - len(batch.requests)
+            arrivals: list[_Request] = []
+            # A prefill has a fixed cost (~a decode step), so newcomers join in groups:
+            # at once when the batch is empty or enough are waiting, else after a few steps.
+            ready = len(waiting) >= min(self.admit_group, room) or not batch.requests
+            if waiting and room > 0 and (ready or waited_steps >= self.admit_wait_steps):
+                arrivals, waiting = waiting[:room], waiting[room:]
+                waited_steps = 0
+            elif waiting:
+                waited_steps += 1
             try:
                 started = time.perf_counter()
                 with self._lock, torch.inference_mode():
@@ -146,31 +163,21 @@ class Engine:
                 self.stats.busy_s += time.perf_counter() - started
             except Exception as error:  # a failed step fails its requests, not the engine
                 batch.fail(error)
-                for request in arrivals:
-                    if not request.future.done():
-                        request.future.set_exception(error)
+                _fail(arrivals, error)
                 batch = _Batch()
 
-    def _take_arrivals(self, block: bool, room: int) -> list[_Request] | None:
-        """Requests waiting to join, at most `room`; None once the engine is closed."""
-        if room <= 0:
-            return []
-        arrivals: list[_Request] = []
+    def _collect(self, waiting: list[_Request], block: bool) -> bool:
+        """Move queued requests to `waiting`; False once the engine is closed."""
         try:
             item = self._inbox.get(block=block)
             while True:
                 if item is None:
-                    return None
-                if not item.future.set_running_or_notify_cancel():
-                    item = self._inbox.get_nowait()
-                    continue
-                arrivals.append(item)
-                if len(arrivals) >= room:
-                    break
+                    return False
+                if item.future.set_running_or_notify_cancel():
+                    waiting.append(item)
                 item = self._inbox.get_nowait()
         except queue.Empty:
-            pass
-        return arrivals
+            return True
 
     def _prefill(self, batch: _Batch, arrivals: list[_Request]) -> None:
         """Compute the new prompts in one forward and merge them into the running batch.
@@ -323,10 +330,14 @@ class _Batch:
             layer.values = layer.values.index_select(0, index)[:, :, start:]
 
     def fail(self, error: BaseException) -> None:
-        for request in self.requests:
-            if not request.future.done():
-                request.future.set_exception(error)
+        _fail(self.requests, error)
         self.requests = []
+
+
+def _fail(requests: list[_Request], error: BaseException) -> None:
+    for request in requests:
+        if not request.future.done():
+            request.future.set_exception(error)
 
 
 def _cache_with_prefixes(hits: list[PrefixHit | None], width: int) -> DynamicCache:
