@@ -66,6 +66,8 @@ class EngineStats:
 class Engine:
     """Generates token-exact completions; thread-safe, with an asyncio front."""
 
+    _BURST_S = 0.005
+
     def __init__(
         self,
         model: PreTrainedModel,
@@ -139,7 +141,17 @@ class Engine:
         waiting: list[_Request] = []
         waited_steps = 0
         while True:
-            if not self._collect(waiting, block=not (batch.requests or waiting)):
+            idle = not (batch.requests or waiting)
+            open_ = self._collect(waiting, block=idle)
+            # Work that arrives at an idle engine usually comes as a burst (a group of
+            # rollouts, n > 1, many clients): gather it for one prefill.
+            while open_ and idle and len(waiting) < self.max_batch:
+                time.sleep(self._BURST_S)
+                before = len(waiting)
+                open_ = self._collect(waiting, block=False)
+                if len(waiting) == before:
+                    break
+            if not open_:
                 batch.fail(RuntimeError("engine closed"))
                 _fail(waiting, RuntimeError("engine closed"))
                 return
