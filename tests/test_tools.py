@@ -50,3 +50,19 @@ async def test_errors_are_results_for_the_model():
     assert not_json.error
     raised = await Tool(shout).call({"text": ""})
     assert raised.error and raised.content == "Error: ValueError: nothing to shout"
+
+
+async def test_an_episode_parameter_is_injected_and_hidden_from_the_model():
+    from reinforge.envs import Episode
+    from reinforge.types import Task
+
+    def remember(note: str, episode: Episode) -> str:
+        """Write a note into the episode."""
+        episode.state.setdefault("notes", []).append(note)
+        return "noted"
+
+    tool = Tool(remember)
+    assert list(tool.schema["function"]["parameters"]["properties"]) == ["note"]
+    episode = Episode(Task(id="t", prompt=[]), [])
+    assert (await tool.call({"note": "hi"}, episode)).content == "noted"
+    assert episode.state["notes"] == ["hi"]

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from reinforge.envs.episode import Episode
 from reinforge.envs.rubric import Rubric
 from reinforge.envs.tools import Tool, ToolResult
 from reinforge.policy.chat import parse_tool_calls
@@ -57,28 +58,6 @@ class Harness:
         return [t.schema for t in self.tools] or None
 
 
-@dataclass
-class Episode:
-    """One rollout as the environment saw it; the rubric's input."""
-
-    task: Task
-    messages: list[Message]
-    state: dict[str, Any] = field(default_factory=dict)
-    """The environment's own per-episode data (a board, guesses); kept as trajectory info."""
-    turns: int = 0
-    tool_calls: int = 0
-    tool_errors: int = 0
-    truncated: bool = False
-
-    @property
-    def completion(self) -> str:
-        """The last assistant message's text."""
-        for message in reversed(self.messages):
-            if message.get("role") == "assistant":
-                return message.get("content") or ""
-        return ""
-
-
 class Environment:
     """Subclass and implement `tasks`; multi-turn environments also implement `respond`."""
 
@@ -101,9 +80,28 @@ class Environment:
         """Answer an assistant turn that made no tool call. Single-turn: always Finished."""
         return Finished()
 
+    async def start(self, episode: Episode) -> None:
+        """Acquire what the episode needs (a sandbox, a browser) into `episode.resources`."""
+
+    async def stop(self, episode: Episode) -> None:
+        """Collect what the graders need into `episode.state`, then release the resources.
+        Runs however the episode ended: finished, failed or cancelled at its timeout."""
+
+    async def aclose(self) -> None:
+        """Release what the environment holds across episodes (a sandbox pool)."""
+
     async def rollout(self, client: ChatClient, task: Task) -> Episode:
+        episode = Episode(task, self.harness.initial_messages(task), self.setup(task))
+        await self.start(episode)
+        try:
+            await self._play(client, episode)
+        finally:
+            await self.stop(episode)
+        return episode
+
+    async def _play(self, client: ChatClient, episode: Episode) -> None:
+        """The agent loop: chat, run tool calls, or let the environment respond."""
         harness = self.harness
-        episode = Episode(task, harness.initial_messages(task), self.setup(task))
         while episode.turns < harness.max_turns:
             try:
                 reply = await client.chat(
@@ -111,7 +109,7 @@ class Environment:
                 )
             except EpisodeLimit:
                 episode.truncated = True
-                return episode
+                return
             episode.messages.append(reply.message)
             episode.turns += 1
             # A turn cut at the token limit goes to the environment like any other (it may
@@ -122,10 +120,9 @@ class Environment:
                 continue
             step = await self.respond(episode)
             if isinstance(step, Finished):
-                return episode
+                return
             episode.messages.extend(step.messages)
         episode.truncated = True
-        return episode
 
     async def _run_tools(self, episode: Episode, message: Message) -> list[Message]:
         """Run each call; errors go back to the model as tool messages and are counted."""
@@ -143,7 +140,7 @@ class Environment:
                     f"Error: no tool named {function['name']!r}; tools: {known}", error=True
                 )
             else:
-                result = await tool.call(function.get("arguments") or "{}")
+                result = await tool.call(function.get("arguments") or "{}", episode)
             episode.tool_errors += result.error
             results.append(
                 {

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from reinforge.envs.environment import Episode
+    from reinforge.envs.episode import Episode
 
 RewardFn = Callable[["Episode"], float | Awaitable[float]]
 GroupRewardFn = Callable[[list["Episode"]], Sequence[float] | Awaitable[Sequence[float]]]

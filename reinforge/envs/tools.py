@@ -3,6 +3,10 @@
 pydantic builds both the JSON schema the model sees and the validator for the arguments
 it sends, so the two never disagree. A tool that raises, or a call with bad arguments,
 becomes an error message back to the model; the harness counts it.
+
+One convention reaches past the model's arguments: a parameter annotated `Episode` is
+not shown to the model and receives the current episode, so a tool can use the episode's
+resources (its sandbox).
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any, get_type_hints
 
 from pydantic import BaseModel, Field, ValidationError, create_model
+
+from reinforge.envs.episode import Episode
 
 _ARG_LINE = re.compile(r"^\s{2,}(\w+)\s*(?:\([^)]*\))?:\s*(.+)$")
 
@@ -32,7 +38,9 @@ class Tool:
         self.function = function
         self.name = name or function.__name__
         self.description, arg_docs = _parse_docstring(inspect.getdoc(function) or "")
-        self._arguments = _arguments_model(function, self.name, arg_docs)
+        hints = get_type_hints(function)
+        self._episode_param = next((n for n, h in hints.items() if h is Episode), None)
+        self._arguments = _arguments_model(function, self.name, arg_docs, self._episode_param)
 
     @property
     def schema(self) -> dict[str, Any]:
@@ -50,14 +58,18 @@ class Tool:
             },
         }
 
-    async def call(self, arguments: str | dict[str, Any]) -> ToolResult:
+    async def call(
+        self, arguments: str | dict[str, Any], episode: Episode | None = None
+    ) -> ToolResult:
         try:
             raw = json.loads(arguments) if isinstance(arguments, str) else arguments
-            values = self._arguments.model_validate(raw)
+            values = dict(self._arguments.model_validate(raw))
         except (ValueError, ValidationError) as error:
             return ToolResult(f"Error: invalid arguments for {self.name}: {error}", error=True)
+        if self._episode_param is not None:
+            values[self._episode_param] = episode
         try:
-            result = self.function(**dict(values))
+            result = self.function(**values)
             if inspect.isawaitable(result):
                 result = await result
         except Exception as error:
@@ -71,11 +83,13 @@ def tool(function: Callable[..., Any] | Callable[..., Awaitable[Any]]) -> Tool:
 
 
 def _arguments_model(
-    function: Callable[..., Any], name: str, arg_docs: dict[str, str]
+    function: Callable[..., Any], name: str, arg_docs: dict[str, str], hidden: str | None
 ) -> type[BaseModel]:
     hints = get_type_hints(function)
     fields: dict[str, Any] = {}
     for param in inspect.signature(function).parameters.values():
+        if param.name == hidden:
+            continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise TypeError(f"tool {name}: *args and **kwargs cannot be described to a model")
         if param.name not in hints:

@@ -37,4 +37,5 @@ async def evaluate(
         writer.write_summary(summary)
     finally:
         writer.close()
+        await env.aclose()
     return groups, summary

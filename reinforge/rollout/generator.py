@@ -13,7 +13,8 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from reinforge.envs.environment import Environment, Episode, jsonable
+from reinforge.envs.environment import Environment, jsonable
+from reinforge.envs.episode import Episode
 from reinforge.envs.rubric import GraderError
 from reinforge.policy.client import EpisodeClient, PolicyClient
 from reinforge.types import Group, Status, Task, Timings, Trajectory

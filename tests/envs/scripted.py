@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from reinforge.envs.environment import Episode
+from reinforge.envs.episode import Episode
 from reinforge.policy.chat import parse_tool_calls
 from reinforge.policy.client import Reply
 from reinforge.types import Message, Task

@@ -35,11 +35,13 @@ def test_answers_match_the_expression(difficulty):
 
 
 def test_higher_levels_are_harder():
-    expressions = [t.info["expression"] for t in
-                   load_environment("arithmetic", difficulty=4).tasks(30, seed=0)]
+    expressions = [
+        t.info["expression"] for t in load_environment("arithmetic", difficulty=4).tasks(30, seed=0)
+    ]
     assert all(len(e.split()) == 5 for e in expressions)
-    level_3 = [t.info["expression"] for t in
-               load_environment("arithmetic", difficulty=3).tasks(60, seed=0)]
+    level_3 = [
+        t.info["expression"] for t in load_environment("arithmetic", difficulty=3).tasks(60, seed=0)
+    ]
     assert any(re.search(r"\d{3}", e) for e in level_3) and any("*" in e for e in level_3)
 
 

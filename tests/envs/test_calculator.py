@@ -55,8 +55,8 @@ def test_evaluate_rejects_everything_else(expression):
 
 
 @pytest.mark.parametrize(
-    ("expression", "shown"), [("17 * 23", "391"), ("6 / 3", "2"), ("1 / 4", "0.25"),
-                              ("2 / 3", "0.6666666667")]
+    ("expression", "shown"),
+    [("17 * 23", "391"), ("6 / 3", "2"), ("1 / 4", "0.25"), ("2 / 3", "0.6666666667")],
 )
 def test_calculate_shows_whole_numbers_without_a_point(expression, shown):
     assert calculate(expression) == shown
@@ -72,9 +72,14 @@ async def test_the_tool_turns_bad_input_into_error_results():
 
 @pytest.mark.parametrize(
     ("text", "number"),
-    [("<answer>391</answer>", 391), ("So it is 391 pencils.", 391),
-     ("<answer>1,680</answer> (I used 1680 / 2 = 840)", 1680), ("<answer>391.0</answer>", 391),
-     ("<answer>-5</answer>", -5), ("no idea", None)],
+    [
+        ("<answer>391</answer>", 391),
+        ("So it is 391 pencils.", 391),
+        ("<answer>1,680</answer> (I used 1680 / 2 = 840)", 1680),
+        ("<answer>391.0</answer>", 391),
+        ("<answer>-5</answer>", -5),
+        ("no idea", None),
+    ],
 )
 def test_final_number(text, number):
     assert final_number(text) == number
@@ -103,8 +108,13 @@ async def test_rollout_with_a_tool_call_then_an_answer():
     task = env.tasks(1, seed=0)[0]
     answer = f"The answer is <answer>{task.answer}</answer>"
     episode = await env.rollout(ScriptedClient([tool_call("1 + 1"), answer]), task)
-    assert [m["role"] for m in episode.messages] == ["system", "user", "assistant", "tool",
-                                                     "assistant"]
+    assert [m["role"] for m in episode.messages] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
     assert episode.messages[3]["content"] == "2" and episode.messages[3]["name"] == "calculate"
     assert (episode.tool_calls, episode.tool_errors, episode.turns) == (1, 0, 2)
     (scores,) = await env.rubric.score([episode])
@@ -115,8 +125,13 @@ async def test_rollout_with_a_tool_call_then_an_answer():
 async def test_rollout_reports_a_hostile_expression_to_the_model():
     env = load_environment("calculator")
     task = env.tasks(1, seed=3)[0]
-    client = ScriptedClient([tool_call("__import__('os').system('true')"), tool_call("6*7"),
-                             answer_with_last_tool_result])
+    client = ScriptedClient(
+        [
+            tool_call("__import__('os').system('true')"),
+            tool_call("6*7"),
+            answer_with_last_tool_result,
+        ]
+    )
     episode = await env.rollout(client, task)
     assert episode.messages[3]["content"].startswith("Error:")
     assert (episode.tool_calls, episode.tool_errors) == (2, 1)

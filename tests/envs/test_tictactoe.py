@@ -31,12 +31,12 @@ def board_of(rows: str) -> Board:
 @pytest.mark.parametrize(
     ("rows", "expected"),
     [
-        ("XXX" "OO." "...", "X"),
-        ("XO." "XO." "X..", "X"),
-        ("OX." "XO." "X.O", "O"),
-        ("X.O" "XO." "O..", "O"),
-        ("XOX" "XOO" "OXX", None),
-        ("........." , None),
+        ("XXXOO....", "X"),
+        ("XO.XO.X..", "X"),
+        ("OX.XO.X.O", "O"),
+        ("X.OXO.O..", "O"),
+        ("XOXXOOOXX", None),
+        (".........", None),
     ],
 )
 def test_winner(rows, expected):
@@ -51,9 +51,9 @@ def test_render_numbers_the_free_cells():
 
 def test_perfect_play_is_a_draw_and_minimax_takes_wins_and_blocks():
     assert value(EMPTY) == 0
-    assert best_moves(board_of("XX." "OO." "...")) == [3]  # X wins at once
-    assert best_moves(board_of("XX." ".O." "...")) == [3]  # O must block
-    assert best_moves(board_of("XX." "O.." "...")) == [3]  # lost anyway, O still blocks
+    assert best_moves(board_of("XX.OO....")) == [3]  # X wins at once
+    assert best_moves(board_of("XX..O....")) == [3]  # O must block
+    assert best_moves(board_of("XX.O.....")) == [3]  # lost anyway, O still blocks
 
 
 @pytest.mark.parametrize("minimax_mark", ["X", "O"])
@@ -102,8 +102,11 @@ def test_bad_knobs_are_usage_errors():
 
 @pytest.mark.parametrize(
     ("reply", "reason"),
-    [("1", "cell 1 is not a free cell"), ("10", "cell 10 is not a free cell"),
-     ("the middle one", "no cell number in the reply")],
+    [
+        ("1", "cell 1 is not a free cell"),
+        ("10", "cell 10 is not a free cell"),
+        ("the middle one", "no cell number in the reply"),
+    ],
 )
 async def test_an_illegal_move_ends_the_game_at_zero(reply, reason):
     env = load_environment("tictactoe")
@@ -115,8 +118,10 @@ async def test_an_illegal_move_ends_the_game_at_zero(reply, reason):
     assert outcome(episode) == 0.0
 
 
-@pytest.mark.parametrize(("result", "reward"), [("win", 1.0), ("draw", 0.5), ("loss", 0.0),
-                                                ("illegal", 0.0), (None, 0.0)])
+@pytest.mark.parametrize(
+    ("result", "reward"),
+    [("win", 1.0), ("draw", 0.5), ("loss", 0.0), ("illegal", 0.0), (None, 0.0)],
+)
 def test_outcome_reward(result, reward):
     task = load_environment("tictactoe").tasks(1)[0]
     assert outcome(episode_of(task, "5", state={"outcome": result})) == reward

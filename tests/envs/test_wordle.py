@@ -13,9 +13,9 @@ from .scripted import ScriptedClient, episode_of
         ("crane", "moist", ". . . . ."),
         ("nacre", "crane", "Y Y Y Y G"),
         # repeated letters: greens are counted first, then yellows left to right
-        ("bobby", "abbey", "Y . G . G"),   # 3rd B is green, 1st takes the one B left
-        ("geese", "those", ". . . G G"),   # the only E is green; the others are gray
-        ("eerie", "sheep", "Y Y . . ."),   # two Es in the target: two yellows, no third
+        ("bobby", "abbey", "Y . G . G"),  # 3rd B is green, 1st takes the one B left
+        ("geese", "those", ". . . G G"),  # the only E is green; the others are gray
+        ("eerie", "sheep", "Y Y . . ."),  # two Es in the target: two yellows, no third
         ("tatty", "toast", "G Y Y . ."),
         ("kebab", "abbey", ". Y G Y Y"),
         ("CRANE", "crane", "G G G G G"),
@@ -27,9 +27,15 @@ def test_feedback(guess, target, marks):
 
 @pytest.mark.parametrize(
     ("text", "guess"),
-    [("crane", "crane"), ("SLATE", "slate"), ("crane.", "crane"),
-     ("Guess: crane", "guess"),  # a known trap: "Guess" is a 5-letter word and comes first
-     ("I pick stone", "stone"), ("<think>maybe plumb</think> irate", "irate"), ("no", None)],
+    [
+        ("crane", "crane"),
+        ("SLATE", "slate"),
+        ("crane.", "crane"),
+        ("Guess: crane", "guess"),  # a known trap: "Guess" is a 5-letter word and comes first
+        ("I pick stone", "stone"),
+        ("<think>maybe plumb</think> irate", "irate"),
+        ("no", None),
+    ],
 )
 def test_parse_guess_takes_the_first_five_letter_word(text, guess):
     assert parse_guess(text) == guess

@@ -10,7 +10,8 @@ from __future__ import annotations
 import random
 import re
 
-from reinforge.envs.environment import Environment, Episode, Harness
+from reinforge.envs.environment import Environment, Harness
+from reinforge.envs.episode import Episode
 from reinforge.envs.parsers import last_integer, strip_think
 from reinforge.envs.rubric import Reward, Rubric
 from reinforge.errors import UsageError

@@ -13,7 +13,8 @@ import random
 import re
 from collections.abc import Callable
 
-from reinforge.envs.environment import Environment, Episode, Harness
+from reinforge.envs.environment import Environment, Harness
+from reinforge.envs.episode import Episode
 from reinforge.envs.parsers import extract_tag, strip_think
 from reinforge.envs.rubric import Reward, Rubric
 from reinforge.envs.tools import Tool

@@ -13,7 +13,8 @@ import re
 from functools import cache
 from typing import Any
 
-from reinforge.envs.environment import Continue, Environment, Episode, Finished, Harness, Step
+from reinforge.envs.environment import Continue, Environment, Finished, Harness, Step
+from reinforge.envs.episode import Episode
 from reinforge.envs.parsers import strip_think
 from reinforge.envs.rubric import Reward, Rubric
 from reinforge.errors import UsageError

@@ -1,0 +1,32 @@
+"""The record of one rollout as the environment sees it: the rubric's input."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from reinforge.types import Message, Task
+
+
+@dataclass
+class Episode:
+    """One rollout as the environment saw it; the rubric's input."""
+
+    task: Task
+    messages: list[Message]
+    state: dict[str, Any] = field(default_factory=dict)
+    """The environment's own per-episode data (a board, guesses); kept as trajectory info."""
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    truncated: bool = False
+    resources: dict[str, Any] = field(default_factory=dict, repr=False)
+    """Live per-episode objects (a sandbox); never serialised, released by `stop`."""
+
+    @property
+    def completion(self) -> str:
+        """The last assistant message's text."""
+        for message in reversed(self.messages):
+            if message.get("role") == "assistant":
+                return message.get("content") or ""
+        return ""

@@ -1,0 +1,124 @@
+"""Sandbox tools inside real episodes: a scripted agent works in a real local sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from envs.scripted import ScriptedClient
+
+from reinforge.envs.registry import load_environment
+from reinforge.policy.client import PolicyClient, SamplingDefaults
+from reinforge.rollout.generator import RolloutSettings, generate_groups
+from reinforge.types import Status
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = str(ROOT / "examples" / "sandbox_env.py")
+
+
+def call(name: str, **arguments) -> str:
+    payload = json.dumps({"name": name, "arguments": arguments})
+    return f"<tool_call>\n{payload}\n</tool_call>"
+
+
+def tool_results(client: ScriptedClient) -> list[str]:
+    final = client.prompts[-1]
+    return [m["content"] for m in final if m["role"] == "tool"]
+
+
+async def test_an_agent_solves_the_task_with_its_tools():
+    env = load_environment(EXAMPLE)
+    (task,) = env.tasks(1, seed=3)
+    client = ScriptedClient(
+        [
+            call("read_file", path="numbers.txt"),
+            call("bash", command="awk '{s+=$1} END {print s}' numbers.txt > answer.txt"),
+            call("edit", path="answer.txt", old="\n", new=""),
+            call("bash", command="cat answer.txt"),
+            "Done.",
+        ]
+    )
+    try:
+        episode = await env.rollout(client, task)
+        results = tool_results(client)
+        assert results[0].split() == [str(n) for n in task.info["numbers"]]
+        assert results[1] == "[exit code 0]\n"
+        assert results[2] == "edited answer.txt"
+        assert results[3] == f"[exit code 0]\n{task.answer}"
+        assert str(task.answer) not in str(client.prompts[0])  # the answer never went in
+        assert episode.state["answer"] == str(task.answer)
+        assert (await env.rubric.score([episode]))[0].total == 1.1
+        assert "sandbox" not in episode.resources
+        assert not env._pool.lent  # returned to the pool, destroyed
+    finally:
+        await env.aclose()
+
+
+async def test_tool_errors_go_back_to_the_model_and_are_counted():
+    env = load_environment(EXAMPLE, timeout_s=0.5)  # bash's per-call timeout
+    (task,) = env.tasks(1)
+    client = ScriptedClient(
+        [
+            call("read_file", path="missing.txt"),
+            call("edit", path="numbers.txt", old="no such text", new="x"),
+            call("bash", command="sleep 5"),
+            "I give up.",
+        ]
+    )
+    try:
+        episode = await env.rollout(client, task)
+        results = tool_results(client)
+        assert results[0] == "Error: FileNotFoundError: missing.txt"
+        assert "occurs 0 times" in results[1]
+        assert results[2].startswith("[timed out]")
+        assert episode.tool_errors == 2
+    finally:
+        await env.aclose()
+
+
+async def test_a_timed_out_rollout_still_releases_its_sandbox(tiny_engine):
+    env = load_environment(EXAMPLE)
+
+    async def stall(episode):
+        await asyncio.sleep(30)
+
+    env.respond = stall  # the environment hangs after the first turn
+    client = PolicyClient.for_engine(tiny_engine, SamplingDefaults(max_tokens=4))
+    try:
+        groups = await generate_groups(env, env.tasks(2), client, RolloutSettings(2, timeout_s=2))
+        assert all(t.status == Status.TIMEOUT for g in groups for t in g.trajectories)
+        assert not env._pool.lent
+    finally:
+        await env.aclose()
+
+
+def test_the_example_runs_under_eval(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reinforge",
+            "eval",
+            EXAMPLE,
+            "--model",
+            "tiny-random",
+            "--tasks",
+            "2",
+            "--rollouts",
+            "2",
+            "--max-tokens",
+            "8",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = (tmp_path / "trajectories.jsonl").read_text().splitlines()
+    assert len(rows) == 4 and all(json.loads(r)["status"] != "error" for r in rows)
