@@ -338,7 +338,7 @@ async def test_pid1_cannot_be_inspected_or_traced(sandbox: LocalSandbox) -> None
 
 
 CRASHING_PARENT = """
-import asyncio, json, sys
+import asyncio, json, os, sys
 from pathlib import Path
 from reinforge.sandbox import LocalProvider
 from reinforge.sandbox.reaper import pid_namespace_members
@@ -347,14 +347,14 @@ async def main():
     provider = LocalProvider(state_dir=Path(sys.argv[1]))
     sandboxes = await asyncio.gather(*(provider.create() for _ in range(32)))
     await asyncio.gather(*(s.exec("setsid sleep 1000 & (sleep 1001 &)") for s in sandboxes))
-    for _ in range(500):  # on 2 busy cores the last forks can lag behind the shell's exit
+    for _ in range(3000):  # on 2 busy cores the last forks can lag behind the shell's exit
         members = [pid_namespace_members(s.init_pid) for s in sandboxes]
         if all(len(m) >= 3 for m in members):
             break
         await asyncio.sleep(0.01)
     pids = sorted(p for m in members for p in m)
     groups = [str(d) for s in sandboxes for d in (s.cgroup.dirs if s.cgroup else [])]
-    counts = [len(m) for m in members]
+    counts = [(len(m), s.init_pid, os.path.exists(f"/proc/{s.init_pid}")) for m, s in zip(members, sandboxes)]
     print(json.dumps({"pids": pids, "groups": groups, "counts": counts}), flush=True)
     await asyncio.sleep(1000)
 
