@@ -354,7 +354,10 @@ async def main():
         await asyncio.sleep(0.01)
     pids = sorted(p for m in members for p in m)
     groups = [str(d) for s in sandboxes for d in (s.cgroup.dirs if s.cgroup else [])]
-    counts = [(len(m), s.init_pid, os.path.exists(f"/proc/{s.init_pid}")) for m, s in zip(members, sandboxes)]
+    counts = [
+        (len(m), s.init_pid, os.path.exists(f"/proc/{s.init_pid}"))
+        for m, s in zip(members, sandboxes)
+    ]
     print(json.dumps({"pids": pids, "groups": groups, "counts": counts}), flush=True)
     await asyncio.sleep(1000)
 
