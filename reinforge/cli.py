@@ -16,13 +16,14 @@ from reinforge.errors import UsageError
 def build_parser() -> argparse.ArgumentParser:
     from reinforge.commands import eval as eval_cmd
     from reinforge.commands import serve as serve_cmd
+    from reinforge.commands import train as train_cmd
     from reinforge.sandbox import cli as sandbox_cmd
 
     parser = argparse.ArgumentParser(
         prog="reinforge", description="Train LLM agents with reinforcement learning."
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (serve_cmd, eval_cmd, sandbox_cmd):
+    for module in (serve_cmd, eval_cmd, train_cmd, sandbox_cmd):
         module.register(subparsers)
     return parser
 

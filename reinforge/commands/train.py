@@ -1,0 +1,50 @@
+"""`reinforge train CONFIG.toml [key=value ...]`: the synchronous RL loop."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("train", help="train a model with RL on an environment")
+    parser.add_argument("config", type=Path, nargs="?", help="TOML config (only overrides)")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="dotted overrides, e.g. run.steps=40 optim.lr=2e-5",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from reinforge.config import load_config
+    from reinforge.orchestrate.sync import train
+
+    config_path = args.config
+    overrides = list(args.overrides)
+    if config_path is not None and "=" in str(config_path):  # no file, overrides only
+        overrides.insert(0, str(config_path))
+        config_path = None
+    config = load_config(config_path, overrides)
+    console = Console(stderr=True)
+    console.print(f"run directory: {config.run_dir}")
+
+    def show(metrics: dict[str, Any]) -> None:
+        times = metrics["time"]
+        console.print(
+            f"step {metrics['step'] + 1:4d}/{config.run.steps}  "
+            f"reward {metrics['reward_mean']:.3f} ± {metrics['reward_std']:.3f}  "
+            f"len {metrics['completion_tokens_mean']:5.1f}  "
+            f"zero-var {metrics['zero_variance_groups']}  "
+            f"rollout {times['rollout_s']:5.1f}s  train {times['train_s']:5.1f}s  "
+            f"sync {times['sync_s']:4.2f}s"
+        )
+
+    asyncio.run(train(config, show))
+    return 0

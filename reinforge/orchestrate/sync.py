@@ -1,0 +1,84 @@
+"""The synchronous loop: rollout -> reward -> advantage -> loss -> step -> weight sync.
+
+Every step samples with the current weights, trains on exactly those tokens, and copies
+the new weights into the engine before the next step: on-policy, in the order DESIGN.md
+draws it. Recording (metrics, trajectories, checkpoints) lives in `RunRecorder`.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from reinforge.config import Config
+from reinforge.envs.registry import load_environment
+from reinforge.orchestrate.record import RunRecorder, step_metrics
+from reinforge.policy.client import PolicyClient, SamplingDefaults
+from reinforge.policy.engine import Engine
+from reinforge.policy.models import load_model
+from reinforge.rollout.generator import RolloutSettings, generate_groups
+from reinforge.train.trainer import Trainer, select_for_training
+
+
+async def train(config: Config, on_step: Callable[[dict[str, Any]], None]) -> Path:
+    """Run `config.run.steps` steps; returns the run directory."""
+    env = load_environment(config.env.name, **config.env.args)
+    if config.rollout.max_tokens is not None:
+        env.harness.max_tokens_per_turn = config.rollout.max_tokens
+    model, tokenizer = load_model(config.model.name, "float32")  # the trainer's weights
+    sampler, _ = load_model(config.model.name, config.model.sampler_dtype)
+    engine = Engine(
+        sampler, tokenizer, name=config.model.name, max_batch=config.rollout.concurrency
+    )
+    sampling = SamplingDefaults(
+        temperature=config.rollout.temperature,
+        top_p=config.rollout.top_p,
+        max_tokens=env.harness.max_tokens_per_turn,
+    )
+    client = PolicyClient.for_engine(engine, sampling)
+    trainer = Trainer(model, config.trainer, config.optim, total_steps=config.run.steps)
+    recorder = RunRecorder(config, tokenizer)
+    try:
+        for step in range(config.run.steps):
+            started = time.perf_counter()
+            # 1. rollout: this step's tasks, k rollouts each, with the current weights
+            seed = _step_seed(config.run.seed, step)
+            tasks = env.tasks(config.rollout.tasks_per_step, seed=seed)
+            settings = RolloutSettings(
+                rollouts_per_task=config.rollout.rollouts_per_task,
+                concurrency=config.rollout.concurrency,
+                timeout_s=config.rollout.timeout_s,
+                seed=seed,
+            )
+            groups = await generate_groups(env, tasks, client, settings)
+            rollout_s = time.perf_counter() - started
+            # 2. reward is in the trajectories; 3. advantages within each group
+            selection = select_for_training(groups, config.trainer)
+            # 4-5. loss and optimizer step (nothing to learn if every group was uniform)
+            started = time.perf_counter()
+            trained = trainer.step(selection) if selection.trajectories else {}
+            train_s = time.perf_counter() - started
+            # 6. weight sync: the next step samples from the new weights
+            started = time.perf_counter()
+            if trained:
+                engine.update_weights(dict(model.named_parameters()))
+            sync_s = time.perf_counter() - started
+            metrics = step_metrics(
+                step, groups, selection, trained, rollout_s, train_s, sync_s, engine.version
+            )
+            recorder.record(step, groups, metrics, model)
+            on_step(metrics)
+    finally:
+        await client.close()
+        engine.close()
+        await env.aclose()
+        recorder.close()
+    return recorder.directory
+
+
+def _step_seed(seed: int, step: int) -> int:
+    """The data order: the same run seed gives the same tasks at the same step."""
+    return zlib.crc32(f"{seed}/{step}".encode())

@@ -1,0 +1,94 @@
+"""The policy's log-probs of the sampled tokens, without materialising (B, T, V) logits.
+
+The LM head is a large share of a small model's compute and memory (SmolLM2-135M: a 49k x
+576 matrix, and full logits of a 16 x 1024 batch are 3 GiB in float32). RL needs the head
+only where a sampled token is predicted, so `selective_logprobs` runs the decoder, gathers
+the hidden states of those positions and applies the head to them alone, in chunks.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+from transformers import PreTrainedModel
+
+from reinforge.train.losses import token_entropy, token_logprobs
+
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+"""Config fields of models whose forward changes the logits after the head (Gemma 2's
+soft-capping, Cohere's and Granite's scaling), which applying the head alone would miss."""
+
+
+def selective_logprobs(
+    model: PreTrainedModel,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    target_mask: Tensor,
+    targets: Tensor,
+    chunk_size: int = 1024,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-prob of `targets` where `target_mask` is set, and optionally the entropy there.
+
+    Equal (to float rounding) to `log_softmax(model(input_ids).logits)` gathered at the
+    targets, and differentiable; 0 elsewhere, with no gradient path from there. The head
+    runs on `chunk_size` positions at a time, in float32 for the softmax, and each chunk is
+    recomputed in backward rather than kept (activation checkpointing), so the head's
+    memory is one chunk's logits however many tokens are trained: that costs one more head
+    matmul per chunk in backward. The decoder's own activations are the caller's to
+    checkpoint (`model.gradient_checkpointing_enable()`). Pinned by
+    `test_selective_equals_full_logits_on_ragged_padding` and the gradient tests there.
+
+    input_ids, attention_mask, target_mask, targets: (B, T), as in `TrainBatch`.
+    Returns logprobs (B, T) and entropy (B, T) or None, both float32.
+    """
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    _check_plain_head(model)
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    hidden = decoder(
+        input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+    ).last_hidden_state  # (B, T, H)
+    positions = target_mask.bool()  # (B, T)
+    selected = hidden[positions]  # (N, H), row-major order
+    wanted = targets[positions]  # (N,)
+
+    logps: list[Tensor] = []
+    entropies: list[Tensor] = []
+    # split gives one empty chunk when N = 0, so the result stays in the graph.
+    for h, t in zip(selected.split(chunk_size), wanted.split(chunk_size), strict=True):
+        logp, entropy = checkpoint(_head_chunk, head, h, t, with_entropy, use_reentrant=False)
+        logps.append(logp)  # (n,)
+        if entropy is not None:
+            entropies.append(entropy)  # (n,)
+
+    logprobs = _scatter(positions, torch.cat(logps))  # (B, T)
+    entropy = _scatter(positions, torch.cat(entropies)) if with_entropy else None  # (B, T)
+    return logprobs, entropy
+
+
+def _head_chunk(
+    head: nn.Module, hidden: Tensor, targets: Tensor, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """hidden: (n, H), targets: (n,). Returns log-probs (n,) and entropies (n,) or None."""
+    logits = head(hidden)  # (n, V)
+    entropy = token_entropy(logits) if with_entropy else None  # (n,)
+    return token_logprobs(logits, targets), entropy
+
+
+def _scatter(positions: Tensor, values: Tensor) -> Tensor:
+    """A float32 zero (B, T) holding `values` (N,) at `positions` (B, T), row-major."""
+    zeros = torch.zeros(positions.shape, dtype=torch.float32, device=values.device)  # (B, T)
+    return zeros.masked_scatter(positions, values)  # (B, T)
+
+
+def _check_plain_head(model: PreTrainedModel) -> None:
+    """Refuse models whose logits are more than the head's output."""
+    config = model.config.get_text_config()
+    for name in _LOGIT_TRANSFORMS:
+        if getattr(config, name, None) not in (None, 1.0):
+            raise ValueError(
+                f"{type(model).__name__} sets {name}: its logits are transformed after the "
+                "head, which selective_logprobs does not reproduce"
+            )

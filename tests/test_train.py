@@ -1,0 +1,141 @@
+"""The synchronous loop and trainer on real parts: the tiny random model, the real engine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from reinforge.config import TrainerConfig, load_config
+from reinforge.envs.registry import load_environment
+from reinforge.errors import UsageError
+from reinforge.policy.client import PolicyClient, SamplingDefaults
+from reinforge.policy.models import load_model
+from reinforge.rollout.generator import RolloutSettings, generate_groups
+from reinforge.train.trainer import Trainer, select_for_training
+from reinforge.types import Group, Status, Task, Trajectory
+
+ROOT = Path(__file__).resolve().parents[1]
+LENGTH_ENV = str(ROOT / "tests" / "data" / "length_env.py")
+
+
+def test_a_tiny_run_writes_metrics_trajectories_and_loadable_checkpoints(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reinforge",
+            "train",
+            "model.name=tiny-random",
+            f"env.name={LENGTH_ENV}",
+            "run.steps=3",
+            f"run.dir={tmp_path}",
+            "run.name=tiny",
+            "rollout.tasks_per_step=4",
+            "run.checkpoint_every=2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "tiny"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    for row in rows:
+        assert set(row["time"]) == {"rollout_s", "train_s", "sync_s", "total_s"}
+        assert row["grad_norm"] > 0 and row["zero_variance_groups"] == 0
+    assert [r["policy_version"] for r in rows] == [1, 2, 3]
+    assert len((run / "trajectories" / "step_00002.jsonl").read_text().splitlines()) == 16
+    assert json.loads((run / "config.json").read_text())["run"]["steps"] == 3
+    checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert checkpoints == ["step_00002", "step_00003"]
+    AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_00003")
+
+
+async def test_one_step_changes_every_trainable_parameter(tiny_engine):
+    env = load_environment(LENGTH_ENV)
+    client = PolicyClient.for_engine(tiny_engine, SamplingDefaults(max_tokens=8))
+    groups = await generate_groups(env, env.tasks(2), client, RolloutSettings(4, seed=0))
+    model, _ = load_model("tiny-random")
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    config = load_config(None, ["optim.lr=1e-3"])
+    trainer = Trainer(model, config.trainer, config.optim, total_steps=1)
+    metrics = trainer.step(select_for_training(groups, config.trainer))
+    assert metrics["trained_tokens"] == 8 * 8
+    unchanged = [n for n, p in model.named_parameters() if torch.equal(p, before[n])]
+    assert unchanged == []
+
+
+def test_zero_variance_groups_and_errors_are_left_out_and_counted():
+    task = Task(id="t", prompt=[])
+
+    def trajectory(reward: float, status: Status = Status.OK) -> Trajectory:
+        return Trajectory(
+            task_id="t",
+            group_id="t",
+            token_ids=[1, 2],
+            loss_mask=[0, 1],
+            logprobs=[-1.0],
+            reward=reward,
+            status=status,
+        )
+
+    groups = [
+        Group(task=task, trajectories=[trajectory(1.0), trajectory(1.0)]),  # no signal
+        Group(
+            task=task,
+            trajectories=[trajectory(1.0), trajectory(0.0), trajectory(5.0, Status.ERROR)],
+        ),
+    ]
+    selection = select_for_training(groups, TrainerConfig())
+    assert selection.zero_variance_groups == 1 and selection.errored == 1
+    # rewards [1, 0]: mean 0.5, sample std 0.7071 -> advantages +-0.7070 (eps 1e-4)
+    assert selection.advantages == pytest.approx([0.70700, -0.70700], abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["run.stepz=3"], "run.stepz: Extra inputs are not permitted"),
+        (["run.steps=many"], "run.steps: Input should be a valid integer"),
+        (["trainer.algorithm.loss.kind=ppo2"], "trainer.algorithm.loss"),
+        (["novalue"], "KEY=VALUE"),
+    ],
+)
+def test_config_errors_are_one_clear_line(overrides, message):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(")):
+        load_config(None, overrides)
+
+
+def test_train_cli_reports_config_errors_with_exit_2(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[run]\nsteps = 'x'\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "reinforge", "train", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and "run.steps" in result.stderr
+    assert "Traceback" not in result.stderr
+    unknown_env = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "reinforge",
+            "train",
+            "env.name=nosuchenv",
+            "model.name=tiny-random",
+            f"run.dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert unknown_env.returncode == 2 and "unknown environment" in unknown_env.stderr

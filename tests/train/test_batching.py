@@ -1,0 +1,205 @@
+import pytest
+import torch
+
+from reinforge.policy.models import load_model
+from reinforge.train.batching import TrainBatch, micro_batches
+from reinforge.train.config import ConstantNorm, PPOClipLoss, SequenceMean, TokenMean
+from reinforge.train.logprobs import selective_logprobs
+from reinforge.types import Trajectory
+
+
+def trajectory(token_ids: list[int], loss_mask: list[int], logprobs: list[float]) -> Trajectory:
+    return Trajectory(
+        task_id="t", group_id="g", token_ids=token_ids, loss_mask=loss_mask, logprobs=logprobs
+    )
+
+
+# ---- TrainBatch ----
+
+# Three episodes, by hand. Token ids are 10 + position (20 +, 30 +) so a shift shows.
+MULTI_TURN = trajectory(  # prompt 10 11 | sampled 12 13 | tool 14 15 | sampled 16 17
+    [10, 11, 12, 13, 14, 15, 16, 17],
+    [0, 0, 1, 1, 0, 0, 1, 1],
+    [-0.1, -0.2, -0.3, -0.4],
+)
+TRUNCATED = trajectory([20, 21, 22, 23, 24], [0, 1, 1, 0, 0], [-0.5, -0.6])  # ends on a tool
+SHORT = trajectory([30, 31, 32], [0, 0, 1], [-0.7])
+
+
+def hand_batch() -> TrainBatch:
+    return TrainBatch.from_trajectories([MULTI_TURN, TRUNCATED, SHORT], [1.0, -0.5, 0.25])
+
+
+def test_train_batch_shifts_masks_targets_and_logprobs_by_hand():
+    batch = hand_batch()
+    # Right-padded with 0 to the longest row, 8.
+    assert batch.input_ids.tolist() == [
+        [10, 11, 12, 13, 14, 15, 16, 17],
+        [20, 21, 22, 23, 24, 0, 0, 0],
+        [30, 31, 32, 0, 0, 0, 0, 0],
+    ]
+    assert batch.attention_mask.tolist() == [
+        [1, 1, 1, 1, 1, 1, 1, 1],
+        [1, 1, 1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 0],
+    ]
+    # Position t is trained iff token t + 1 was sampled: loss_mask shifted left by one.
+    # MULTI_TURN's 12 13 and 16 17 are predicted at positions 1 2 and 5 6.
+    assert batch.target_mask.int().tolist() == [
+        [0, 1, 1, 0, 0, 1, 1, 0],
+        [1, 1, 0, 0, 0, 0, 0, 0],
+        [0, 1, 0, 0, 0, 0, 0, 0],
+    ]
+    # Token t + 1 at every position that has one, 0 at each row's last token and padding.
+    assert batch.targets.tolist() == [
+        [11, 12, 13, 14, 15, 16, 17, 0],
+        [21, 22, 23, 24, 0, 0, 0, 0],
+        [31, 32, 0, 0, 0, 0, 0, 0],
+    ]
+    # The sampler's log-probs, in order, onto the shifted mask.
+    expected = torch.tensor(
+        [
+            [0.0, -0.1, -0.2, 0.0, 0.0, -0.3, -0.4, 0.0],
+            [-0.5, -0.6, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+            [0.0, -0.7, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+        ]
+    )
+    assert batch.behaviour_logprobs.equal(expected)
+    assert batch.advantages.tolist() == [[1.0], [-0.5], [0.25]]
+    assert batch.target_mask.dtype == torch.bool
+    assert batch.behaviour_logprobs.dtype == batch.advantages.dtype == torch.float32
+    assert batch.lengths == [8, 5, 3] and batch.width == 8
+
+
+def test_select_keeps_the_rows_in_order_and_cuts_columns_to_the_longest():
+    batch = hand_batch()
+    micro = batch.select([2, 1])
+    assert micro.width == 5  # TRUNCATED's length; columns 5-7 are padding in both rows
+    assert micro.input_ids.tolist() == [[30, 31, 32, 0, 0], [20, 21, 22, 23, 24]]
+    assert micro.target_mask.equal(batch.target_mask[[2, 1], :5])
+    assert micro.targets.equal(batch.targets[[2, 1], :5])
+    assert micro.behaviour_logprobs.equal(batch.behaviour_logprobs[[2, 1], :5])
+    assert micro.advantages.tolist() == [[0.25], [-0.5]]
+    assert batch.select([2]).input_ids.tolist() == [[30, 31, 32]]
+    assert batch.to("cpu").input_ids.equal(batch.input_ids)
+
+
+@pytest.mark.parametrize(
+    ("trajectories", "advantages", "message"),
+    [
+        ([], [], "no trajectories"),
+        ([SHORT], [1.0, 2.0], "one advantage per trajectory"),
+        ([SHORT], [float("nan")], "finite"),
+        ([trajectory([], [], [])], [0.0], "no tokens"),
+        ([trajectory([1, 2], [0], [])], [0.0], "2 token_ids but 1 loss_mask"),
+        ([trajectory([1, 2], [0, 2], [-1.0])], [0.0], "only 0 and 1"),
+        ([trajectory([1, 2], [1, 0], [-1.0])], [0.0], "first token"),
+        ([trajectory([1, 2, 3], [0, 1, 1], [-1.0])], [0.0], "2 sampled tokens .* 1 logprobs"),
+        ([trajectory([1, 2], [0, 1], [float("-inf")])], [0.0], "not finite"),
+        ([trajectory([1, -100], [0, 1], [-1.0])], [0.0], "negative"),
+    ],
+)
+def test_inconsistent_inputs_are_refused(trajectories, advantages, message):
+    with pytest.raises(ValueError, match=message):
+        TrainBatch.from_trajectories(trajectories, advantages)
+
+
+# ---- micro_batches ----
+
+
+def test_micro_batches_by_hand():
+    # Longest first, ties by index: rows 1 (8), 3 (8), 2 (5), 0 (3), 4 (2). Budget 16:
+    # [1, 3] costs 2 x 8 = 16; adding row 2 would cost 3 x 8 = 24, so it starts a group,
+    # which takes rows 0 and 4 at 3 x 5 = 15.
+    assert micro_batches([3, 8, 5, 8, 2], token_budget=16) == [[1, 3], [2, 0, 4]]
+
+
+def test_a_row_over_the_budget_gets_a_micro_batch_of_its_own():
+    assert micro_batches([5, 50, 3], token_budget=20) == [[1], [0, 2]]
+
+
+LENGTHS = [17, 3, 40, 8, 8, 25, 1, 12, 30, 5, 9, 22]
+
+
+@pytest.mark.parametrize("budget", [1, 30, 64, 100, 1000])
+def test_micro_batches_respect_the_budget_and_take_every_row_once_sorted(budget):
+    groups = micro_batches(LENGTHS, budget)
+    rows = [row for group in groups for row in group]
+    assert sorted(rows) == list(range(len(LENGTHS)))  # every row exactly once
+    assert [LENGTHS[row] for row in rows] == sorted(LENGTHS, reverse=True)  # longest first
+    for group in groups:
+        assert len(group) == 1 or len(group) * max(LENGTHS[row] for row in group) <= budget
+    assert micro_batches(LENGTHS, budget) == groups  # deterministic
+
+
+def test_micro_batches_refuse_a_non_positive_budget():
+    with pytest.raises(ValueError, match="token_budget"):
+        micro_batches([3], token_budget=0)
+
+
+# ---- micro-batch accumulation ----
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    model, _ = load_model("tiny-random")  # tied head, SmolLM2's 49k vocabulary
+    return model
+
+
+def episode(lengths: list[int], seed: int) -> Trajectory:
+    """Alternating prompt/tool and sampled segments of these lengths, random tokens, and
+    behaviour log-probs near the random model's (about -log 49152 = -10.8)."""
+    generator = torch.Generator().manual_seed(seed)
+    mask = [i % 2 for i, n in enumerate(lengths) for _ in range(n)]
+    tokens = torch.randint(49152, (len(mask),), generator=generator).tolist()
+    logprobs = (-10.8 + 0.6 * torch.rand(sum(mask), generator=generator) - 0.3).tolist()
+    return trajectory(tokens, mask, logprobs)
+
+
+@pytest.mark.parametrize(
+    "aggregation", [TokenMean(), SequenceMean(), ConstantNorm(max_tokens=16)], ids=str
+)
+def test_micro_batch_losses_and_gradients_add_up_to_the_whole_batch(tiny_model, aggregation):
+    batch = TrainBatch.from_trajectories(
+        [
+            episode([4, 3, 2, 5], seed=0),  # 14 tokens, two sampled spans
+            episode([6, 2], seed=1),  # 8
+            episode([3, 9, 2, 4, 1], seed=2),  # 19
+            episode([5, 1], seed=3),  # 6
+            episode([2, 7, 3], seed=4),  # 12, ends on a tool
+        ],
+        advantages=[1.0, -1.0, 0.5, -0.5, 2.0],
+    )
+    loss_fn = PPOClipLoss(aggregation=aggregation)
+
+    def loss_of(micro: TrainBatch, weights: torch.Tensor | None) -> tuple[torch.Tensor, float]:
+        """Backpropagate this micro-batch's loss; return it and its clip fraction."""
+        logp, _ = selective_logprobs(
+            tiny_model, micro.input_ids, micro.attention_mask, micro.target_mask, micro.targets
+        )  # (b, t)
+        loss, metrics = loss_fn.compute(
+            logp, micro.behaviour_logprobs, micro.advantages, micro.target_mask, weights=weights
+        )
+        loss.backward()
+        return loss.detach(), metrics.clip_fraction.item()
+
+    tiny_model.zero_grad()
+    whole, clip_fraction = loss_of(batch, weights=None)
+    # The behaviour log-probs sit within +-0.3 of the model's, so some ratios fall outside
+    # [0.8, 1.28] and some inside: both branches of the clip are exercised.
+    assert 0.0 < clip_fraction < 1.0
+    whole_grads = [p.grad.clone() for p in tiny_model.parameters()]
+
+    tiny_model.zero_grad()
+    weights = aggregation.weights(batch.target_mask)  # (B, T), of the whole batch
+    groups = micro_batches(batch.lengths, token_budget=30)
+    assert groups == [[2], [0, 4], [1, 3]]  # 19 | 2 x 14 | 2 x 8: columns 19, 14 and 8
+    total = torch.zeros(())
+    for rows in groups:
+        micro = batch.select(rows)
+        total += loss_of(micro, weights=weights[rows, : micro.width])[0]
+
+    torch.testing.assert_close(total, whole, atol=1e-6, rtol=0)
+    for param, whole_grad in zip(tiny_model.parameters(), whole_grads, strict=True):
+        torch.testing.assert_close(param.grad, whole_grad, atol=1e-6, rtol=0)
+    assert all(grad.abs().sum() > 0 for grad in whole_grads)
