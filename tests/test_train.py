@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -139,3 +141,62 @@ def test_train_cli_reports_config_errors_with_exit_2(tmp_path):
         timeout=120,
     )
     assert unknown_env.returncode == 2 and "unknown environment" in unknown_env.stderr
+
+
+def _train(run_dir: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "reinforge",
+            "train",
+            "model.name=tiny-random",
+            f"env.name={LENGTH_ENV}",
+            "run.steps=4",
+            f"run.dir={run_dir}",
+            "run.name=r",
+            "rollout.tasks_per_step=2",
+            "run.checkpoint_every=2",
+            *extra,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _task_ids_by_step(run: Path) -> list[list[str]]:
+    steps = sorted((run / "trajectories").glob("step_*.jsonl"))
+    return [[json.loads(line)["task_id"] for line in p.read_text().splitlines()] for p in steps]
+
+
+def test_a_killed_run_resumes_with_the_same_data_order(tmp_path):
+    whole = _train(tmp_path / "whole")
+    assert whole.wait(timeout=300) == 0, whole.stderr.read()
+
+    killed_dir = tmp_path / "killed"
+    killed = _train(killed_dir)
+    metrics = killed_dir / "r" / "metrics.jsonl"
+    deadline = time.time() + 300
+    # Kill -9 once step 3 (index 2) is recorded: past the step-2 checkpoint, before the end.
+    while time.time() < deadline and killed.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            killed.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    killed.wait(timeout=60)
+    assert killed.returncode == -signal.SIGKILL
+
+    again = _train(killed_dir)  # without --resume the run directory is not overwritten
+    assert again.wait(timeout=120) == 2 and "--resume" in again.stderr.read()
+
+    resumed = _train(killed_dir, "--resume")
+    assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert _task_ids_by_step(killed_dir / "r") == _task_ids_by_step(tmp_path / "whole" / "r")
+    whole_rows = (tmp_path / "whole" / "r" / "metrics.jsonl").read_text().splitlines()
+    assert [r["policy_version"] for r in rows] == [
+        json.loads(line)["policy_version"] for line in whole_rows
+    ]
+    assert [r["lr"] for r in rows] == [json.loads(line)["lr"] for line in whole_rows]

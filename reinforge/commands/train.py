@@ -17,6 +17,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="dotted overrides, e.g. run.steps=40 optim.lr=2e-5",
     )
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the run from its last checkpoint"
+    )
     parser.set_defaults(func=run)
 
 
@@ -46,5 +49,5 @@ def run(args: argparse.Namespace) -> int:
             f"sync {times['sync_s']:4.2f}s"
         )
 
-    asyncio.run(train(config, show))
+    asyncio.run(train(config, show, resume=args.resume))
     return 0

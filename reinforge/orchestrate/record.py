@@ -8,28 +8,49 @@
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
+from pathlib import Path
 from typing import Any
 
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+import torch
+from transformers import PreTrainedTokenizerBase
 
 from reinforge.config import Config
+from reinforge.errors import UsageError
 from reinforge.rollout.summary import SCORED
-from reinforge.train.trainer import Selection
+from reinforge.train.trainer import Selection, Trainer
 from reinforge.types import Group
+
+TRAINER_STATE = "trainer_state.pt"
 
 
 class RunRecorder:
-    def __init__(self, config: Config, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(
+        self, config: Config, tokenizer: PreTrainedTokenizerBase, start_step: int = 0
+    ) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.directory = config.run_dir
+        metrics = self.directory / "metrics.jsonl"
+        if start_step == 0 and metrics.exists() and metrics.stat().st_size > 0:
+            raise UsageError(
+                f"{self.directory} already holds a run: pass --resume to continue it, "
+                "or choose another run.name"
+            )
         (self.directory / "trajectories").mkdir(parents=True, exist_ok=True)
         (self.directory / "config.json").write_text(config.model_dump_json(indent=2) + "\n")
-        self._metrics = (self.directory / "metrics.jsonl").open("a", encoding="utf-8")
+        if metrics.exists():  # steps after the checkpoint are run again: drop their lines
+            kept = [
+                line
+                for line in metrics.read_text(encoding="utf-8").splitlines()
+                if line.strip() and json.loads(line)["step"] < start_step
+            ]
+            metrics.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+        self._metrics = metrics.open("a", encoding="utf-8")
 
     def record(
-        self, step: int, groups: list[Group], metrics: dict[str, Any], model: PreTrainedModel
+        self, step: int, groups: list[Group], metrics: dict[str, Any], trainer: Trainer
     ) -> None:
         path = self.directory / "trajectories" / f"step_{step:05d}.jsonl"
         with path.open("w", encoding="utf-8") as out:
@@ -39,12 +60,32 @@ class RunRecorder:
         self._metrics.flush()
         done = step + 1
         if done % self.config.run.checkpoint_every == 0 or done == self.config.run.steps:
-            checkpoint = self.directory / "checkpoints" / f"step_{done:05d}"
-            model.save_pretrained(checkpoint)
-            self.tokenizer.save_pretrained(checkpoint)
+            self._checkpoint(done, trainer, metrics["policy_version"])
+
+    def _checkpoint(self, steps_done: int, trainer: Trainer, policy_version: int) -> None:
+        """Written aside and renamed, so a kill mid-save never leaves a half checkpoint."""
+        final = self.directory / "checkpoints" / f"step_{steps_done:05d}"
+        staging = final.with_name(f".{final.name}.partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        trainer.model.save_pretrained(staging)
+        self.tokenizer.save_pretrained(staging)
+        state = {"step": steps_done, "policy_version": policy_version, **trainer.state_dict()}
+        torch.save(state, staging / TRAINER_STATE)
+        shutil.rmtree(final, ignore_errors=True)
+        staging.rename(final)
 
     def close(self) -> None:
         self._metrics.close()
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a run, if any."""
+    found = sorted((run_dir / "checkpoints").glob(f"step_*/{TRAINER_STATE}"))
+    return found[-1].parent if found else None
+
+
+def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
+    return torch.load(checkpoint / TRAINER_STATE, weights_only=False)
 
 
 def step_metrics(

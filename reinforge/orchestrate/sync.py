@@ -15,7 +15,13 @@ from typing import Any
 
 from reinforge.config import Config
 from reinforge.envs.registry import load_environment
-from reinforge.orchestrate.record import RunRecorder, step_metrics
+from reinforge.errors import UsageError
+from reinforge.orchestrate.record import (
+    RunRecorder,
+    latest_checkpoint,
+    load_trainer_state,
+    step_metrics,
+)
 from reinforge.policy.client import PolicyClient, SamplingDefaults
 from reinforge.policy.engine import Engine
 from reinforge.policy.models import load_model
@@ -23,13 +29,20 @@ from reinforge.rollout.generator import RolloutSettings, generate_groups
 from reinforge.train.trainer import Trainer, select_for_training
 
 
-async def train(config: Config, on_step: Callable[[dict[str, Any]], None]) -> Path:
-    """Run `config.run.steps` steps; returns the run directory."""
+async def train(
+    config: Config, on_step: Callable[[dict[str, Any]], None], resume: bool = False
+) -> Path:
+    """Run `config.run.steps` steps, or what is left of them after the last checkpoint;
+    returns the run directory."""
     env = load_environment(config.env.name, **config.env.args)
     if config.rollout.max_tokens is not None:
         env.harness.max_tokens_per_turn = config.rollout.max_tokens
-    model, tokenizer = load_model(config.model.name, "float32")  # the trainer's weights
-    sampler, _ = load_model(config.model.name, config.model.sampler_dtype)
+    checkpoint = latest_checkpoint(config.run_dir) if resume else None
+    if resume and checkpoint is None:
+        raise UsageError(f"nothing to resume: no checkpoint in {config.run_dir}")
+    weights = str(checkpoint) if checkpoint else config.model.name
+    model, tokenizer = load_model(weights, "float32")  # the trainer's weights
+    sampler, _ = load_model(weights, config.model.sampler_dtype)
     engine = Engine(
         sampler, tokenizer, name=config.model.name, max_batch=config.rollout.concurrency
     )
@@ -40,9 +53,15 @@ async def train(config: Config, on_step: Callable[[dict[str, Any]], None]) -> Pa
     )
     client = PolicyClient.for_engine(engine, sampling)
     trainer = Trainer(model, config.trainer, config.optim, total_steps=config.run.steps)
-    recorder = RunRecorder(config, tokenizer)
+    start_step = 0
+    if checkpoint is not None:
+        state = load_trainer_state(checkpoint)
+        trainer.load_state_dict(state)
+        start_step = state["step"]
+        engine.version = state["policy_version"]
+    recorder = RunRecorder(config, tokenizer, start_step)
     try:
-        for step in range(config.run.steps):
+        for step in range(start_step, config.run.steps):
             started = time.perf_counter()
             # 1. rollout: this step's tasks, k rollouts each, with the current weights
             seed = _step_seed(config.run.seed, step)
@@ -69,7 +88,7 @@ async def train(config: Config, on_step: Callable[[dict[str, Any]], None]) -> Pa
             metrics = step_metrics(
                 step, groups, selection, trained, rollout_s, train_s, sync_s, engine.version
             )
-            recorder.record(step, groups, metrics, model)
+            recorder.record(step, groups, metrics, trainer)
             on_step(metrics)
     finally:
         await client.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -112,6 +113,19 @@ class Trainer:
             "lr": self.scheduler.get_last_lr()[0],
             "trained_tokens": tokens,
         }
+
+    def state_dict(self) -> dict[str, Any]:
+        """What resuming needs besides the weights: optimizer, schedule and RNG state."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"])
 
 
 def _schedule(optim: OptimConfig, total_steps: int):  # noqa: ANN202 - a LambdaLR factor
