@@ -27,25 +27,8 @@ LENGTH_ENV = str(ROOT / "tests" / "data" / "length_env.py")
 
 
 def test_a_tiny_run_writes_metrics_trajectories_and_loadable_checkpoints(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "reinforge",
-            "train",
-            "model.name=tiny-random",
-            f"env.name={LENGTH_ENV}",
-            "run.steps=3",
-            f"run.dir={tmp_path}",
-            "run.name=tiny",
-            "rollout.tasks_per_step=4",
-            "run.checkpoint_every=2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
+    process = _train(tmp_path, "run.steps=3", "run.name=tiny", "rollout.tasks_per_step=4")
+    assert process.wait(timeout=300) == 0, process.stderr.read()
     run = tmp_path / "tiny"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
