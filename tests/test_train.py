@@ -183,3 +183,9 @@ def test_a_killed_run_resumes_with_the_same_data_order(tmp_path):
         json.loads(line)["policy_version"] for line in whole_rows
     ]
     assert [r["lr"] for r in rows] == [json.loads(line)["lr"] for line in whole_rows]
+
+
+def test_the_example_configs_validate():
+    for path in (ROOT / "examples").glob("*.toml"):
+        config = load_config(path, [])
+        load_environment(config.env.name, **config.env.args)
