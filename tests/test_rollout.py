@@ -42,7 +42,9 @@ def client(tiny_engine) -> PolicyClient:
     return PolicyClient.for_engine(tiny_engine, SamplingDefaults(max_tokens=6))
 
 
-async def test_multi_turn_records_are_exactly_what_the_engine_sampled(tiny_engine, client):
+async def test_multi_turn_records_are_exactly_what_the_engine_sampled(
+    tiny_engine, client, chat_format
+):
     env = Chatty(Harness(max_turns=5, max_tokens_per_turn=6), Rubric(Reward(length)))
     # tiny-random never samples EOS: every turn is cut at 6 tokens and closed by the template.
     groups = await generate_groups(env, tasks(2), client, RolloutSettings(2, seed=1))
@@ -59,13 +61,7 @@ async def test_multi_turn_records_are_exactly_what_the_engine_sampled(tiny_engin
             context = tuple(trajectory.token_ids[:start])
             assert trajectory.token_ids[start:end] in sampled_for[context]
         assert len(trajectory.logprobs) == sum(trajectory.loss_mask) == 18
-        assert token_record_problems(trajectory, client_format(tiny_engine)) == []
-
-
-def client_format(engine):
-    from reinforge.policy.chat import ChatFormat
-
-    return ChatFormat(engine.tokenizer)
+        assert token_record_problems(trajectory, chat_format) == []
 
 
 async def test_failures_are_statuses_and_the_run_goes_on(client):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,6 @@ from transformers import PreTrainedTokenizerBase
 
 from reinforge.config import Config
 from reinforge.errors import UsageError
-from reinforge.rollout.summary import SCORED
 from reinforge.train.trainer import Selection, Trainer
 from reinforge.types import Group
 
@@ -90,7 +88,7 @@ def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
 
 def step_metrics(
     step: int,
-    groups: list[Group],
+    summary: dict[str, Any],
     selection: Selection,
     trained: dict[str, float],
     rollout_s: float,
@@ -98,28 +96,29 @@ def step_metrics(
     sync_s: float,
     policy_version: int,
 ) -> dict[str, Any]:
-    trajectories = [t for g in groups for t in g.trajectories]
-    scored = [t for t in trajectories if t.status in SCORED]
-    rewards = [t.reward for t in scored]
-    terms = sorted({name for t in scored for name in t.rewards})
-    lengths = [t.completion_tokens for t in trajectories]
-    sampled = sum(lengths)
-    total_s = rollout_s + train_s + sync_s
+    """One line of metrics.jsonl; `summary` is `summarize` of the step's groups, the same
+    numbers `reinforge eval` reports."""
+    rollouts = max(summary["rollouts"], 1)
     return {
         "step": step,
-        "reward_mean": statistics.fmean(rewards) if rewards else 0.0,
-        "reward_std": statistics.pstdev(rewards) if rewards else 0.0,
-        "rewards": {k: statistics.fmean(t.rewards.get(k, 0.0) for t in scored) for k in terms},
-        "pass_rate": statistics.fmean(t.reward >= 1.0 for t in scored) if scored else 0.0,
-        "completion_tokens_mean": statistics.fmean(lengths) if lengths else 0.0,
-        "truncation_rate": statistics.fmean(t.status == "truncated" for t in trajectories),
+        "reward_mean": summary["reward_mean"],
+        "reward_std": summary["reward_std"],
+        "rewards": summary["rewards"],
+        "pass_rate": summary["pass@1"],
+        "completion_tokens_mean": summary["sampled_tokens_mean"],
+        "truncation_rate": summary["status"].get("truncated", 0) / rollouts,
         "zero_variance_groups": selection.zero_variance_groups,
         "errors": selection.errored,
         **trained,
         "policy_version": policy_version,
-        "time": {"rollout_s": rollout_s, "train_s": train_s, "sync_s": sync_s, "total_s": total_s},
+        "time": {
+            "rollout_s": rollout_s,
+            "train_s": train_s,
+            "sync_s": sync_s,
+            "total_s": rollout_s + train_s + sync_s,
+        },
         "tokens_per_s": {
-            "rollout": sampled / rollout_s if rollout_s else 0.0,
+            "rollout": summary["sampled_tokens_per_s"],
             "train": trained.get("trained_tokens", 0.0) / train_s if train_s else 0.0,
         },
     }

@@ -26,6 +26,7 @@ from reinforge.policy.client import PolicyClient, SamplingDefaults
 from reinforge.policy.engine import Engine
 from reinforge.policy.models import load_model
 from reinforge.rollout.generator import RolloutSettings, generate_groups
+from reinforge.rollout.summary import summarize
 from reinforge.train.trainer import Trainer, select_for_training
 
 
@@ -85,8 +86,9 @@ async def train(
             if trained:
                 engine.update_weights(dict(model.named_parameters()))
             sync_s = time.perf_counter() - started
+            summary = summarize(groups, env.rubric.pass_threshold, rollout_s)
             metrics = step_metrics(
-                step, groups, selection, trained, rollout_s, train_s, sync_s, engine.version
+                step, summary, selection, trained, rollout_s, train_s, sync_s, engine.version
             )
             recorder.record(step, groups, metrics, trainer)
             on_step(metrics)
