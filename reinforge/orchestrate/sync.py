@@ -65,7 +65,7 @@ async def train(
         for step in range(start_step, config.run.steps):
             started = time.perf_counter()
             # 1. rollout: this step's tasks, k rollouts each, with the current weights
-            seed = _step_seed(config.run.seed, step)
+            seed = task_seed(config.run.seed, step)
             tasks = env.tasks(config.rollout.tasks_per_step, seed=seed)
             settings = RolloutSettings(
                 rollouts_per_task=config.rollout.rollouts_per_task,
@@ -100,6 +100,6 @@ async def train(
     return recorder.directory
 
 
-def _step_seed(seed: int, step: int) -> int:
+def task_seed(seed: int, step: int) -> int:
     """The data order: the same run seed gives the same tasks at the same step."""
     return zlib.crc32(f"{seed}/{step}".encode())
