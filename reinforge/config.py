@@ -11,11 +11,12 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from reinforge.errors import UsageError
 from reinforge.policy.specs import DEFAULT_MODEL
 from reinforge.train.config import AlgorithmConfig
+from reinforge.types import Status
 
 
 class _Section(BaseModel):
@@ -57,10 +58,35 @@ class OptimConfig(_Section):
     grad_clip: float = Field(1.0, gt=0.0)
 
 
+class LoRAConfig(_Section):
+    """Low-rank adapters through PEFT: only the adapters train, the base stays frozen."""
+
+    rank: int = Field(16, ge=1)
+    alpha: float = Field(32.0, gt=0.0)
+    """The update is scaled by alpha / rank."""
+    target_modules: str | list[str] = "all-linear"
+    """PEFT's module selection: "all-linear" (every linear layer but the LM head) or names."""
+
+
 class TrainerConfig(_Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     micro_batch_tokens: int = Field(4096, ge=1)
-    """Token budget of one forward/backward (rows x longest row); gradients accumulate."""
+    """Token budget of one forward/backward (rows x longest row); gradients accumulate.
+    Peak memory grows with it (activations); smaller budgets cost a little speed."""
+    precision: Literal["float32", "bfloat16"] = "float32"
+    """bfloat16: the decoder's matmuls run in bf16 under autocast (AMX on recent x86 CPUs,
+    tensor cores on GPUs); weights, gradients, optimizer state, the LM head and the
+    log-softmax stay float32."""
+    gradient_checkpointing: bool = False
+    """Recompute each layer's activations in backward: less memory, more compute."""
+    lora: LoRAConfig | None = None
+    """Train LoRA adapters instead of every weight; None: full fine-tuning."""
+    truncated: Literal["keep", "mask", "penalize"] = "keep"
+    """A completion cut off by a token or turn limit: keep (train on it with its reward),
+    mask (it still counts in its group's baseline but is left out of the loss, DAPO's
+    overlong filtering) or penalize (its reward becomes `truncation_penalty`)."""
+    truncation_penalty: float = 0.0
+    """The reward of a truncated completion when `truncated = "penalize"`."""
 
 
 class RunConfig(_Section):
@@ -73,6 +99,28 @@ class RunConfig(_Section):
     checkpoint_every: int = Field(10, ge=1)
 
 
+class SFTConfig(_Section):
+    """`reinforge sft`: supervised warm-up on stored trajectories. The model, optimizer,
+    trainer and run sections apply as in RL; `run.steps` is derived from the data."""
+
+    data: list[Path] = Field(default_factory=list)
+    """Trajectory JSONL files, or folders: a `reinforge eval` output (trajectories.jsonl)
+    or a training run (trajectories/*.jsonl)."""
+    min_reward: float | None = None
+    """Keep only trajectories whose reward is at least this; None keeps every reward."""
+    statuses: list[Status] = Field(default_factory=lambda: [Status.OK])
+    """Keep only trajectories that ended so; a truncated one teaches an unfinished answer."""
+    epochs: int = Field(1, ge=1)
+    batch_size: int = Field(32, ge=1)
+    """Trajectories per optimizer step."""
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _one_path(cls, value: Any) -> Any:
+        """`sft.data=runs/eval-arith` on the command line is one path, not a list."""
+        return [value] if isinstance(value, str | Path) else value
+
+
 class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
@@ -80,6 +128,7 @@ class Config(_Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
 
     @property
     def run_dir(self) -> Path:

@@ -51,7 +51,7 @@ async def test_one_step_changes_every_trainable_parameter(tiny_engine):
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
     config = load_config(None, ["optim.lr=1e-3"])
     trainer = Trainer(model, config.trainer, config.optim, total_steps=1)
-    metrics = trainer.step(select_for_training(groups, config.trainer))
+    metrics = trainer.step(select_for_training(groups, config.trainer).batch())
     assert metrics["trained_tokens"] == 8 * 8
     unchanged = [n for n, p in model.named_parameters() if torch.equal(p, before[n])]
     assert unchanged == []

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 from pathlib import Path
-from typing import Any
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
 
     from reinforge.config import load_config
     from reinforge.orchestrate.sync import train
+    from reinforge.orchestrate.view import TrainView
 
     config_path = args.config
     overrides = list(args.overrides)
@@ -37,17 +37,6 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(config_path, overrides)
     console = Console(stderr=True)
     console.print(f"run directory: {config.run_dir}")
-
-    def show(metrics: dict[str, Any]) -> None:
-        times = metrics["time"]
-        console.print(
-            f"step {metrics['step'] + 1:4d}/{config.run.steps}  "
-            f"reward {metrics['reward_mean']:.3f} ± {metrics['reward_std']:.3f}  "
-            f"len {metrics['completion_tokens_mean']:5.1f}  "
-            f"zero-var {metrics['zero_variance_groups']}  "
-            f"rollout {times['rollout_s']:5.1f}s  train {times['train_s']:5.1f}s  "
-            f"sync {times['sync_s']:4.2f}s"
-        )
-
-    asyncio.run(train(config, show, resume=args.resume))
+    with TrainView(console, config.run.steps) as view:
+        asyncio.run(train(config, view.update, resume=args.resume))
     return 0

@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from reinforge.config import Config
 from reinforge.errors import UsageError
+from reinforge.train.trainable import save_model
 from reinforge.train.trainer import Selection, Trainer
 from reinforge.types import Group
 
@@ -61,19 +62,32 @@ class RunRecorder:
             self._checkpoint(done, trainer, metrics["policy_version"])
 
     def _checkpoint(self, steps_done: int, trainer: Trainer, policy_version: int) -> None:
-        """Written aside and renamed, so a kill mid-save never leaves a half checkpoint."""
-        final = self.directory / "checkpoints" / f"step_{steps_done:05d}"
-        staging = final.with_name(f".{final.name}.partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        trainer.model.save_pretrained(staging)
-        self.tokenizer.save_pretrained(staging)
         state = {"step": steps_done, "policy_version": policy_version, **trainer.state_dict()}
-        torch.save(state, staging / TRAINER_STATE)
-        shutil.rmtree(final, ignore_errors=True)
-        staging.rename(final)
+        write_checkpoint(self.directory, steps_done, trainer.model, self.tokenizer, state)
 
     def close(self) -> None:
         self._metrics.close()
+
+
+def write_checkpoint(
+    run_dir: Path,
+    steps_done: int,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    state: dict[str, Any],
+) -> Path:
+    """`run_dir/checkpoints/step_NNNNN/`: the model in Hugging Face format and `state` (what
+    resuming needs) as trainer_state.pt. Written aside and renamed, so a kill mid-save never
+    leaves a half checkpoint."""
+    final = run_dir / "checkpoints" / f"step_{steps_done:05d}"
+    staging = final.with_name(f".{final.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    save_model(model, staging)
+    tokenizer.save_pretrained(staging)
+    torch.save(state, staging / TRAINER_STATE)
+    shutil.rmtree(final, ignore_errors=True)
+    staging.rename(final)
+    return final
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -109,6 +123,7 @@ def step_metrics(
         "truncation_rate": summary["status"].get("truncated", 0) / rollouts,
         "zero_variance_groups": selection.zero_variance_groups,
         "errors": selection.errored,
+        "masked_truncated": selection.masked_truncated,
         **trained,
         "policy_version": policy_version,
         "time": {

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from transformers import PreTrainedModel
+
 from reinforge.config import Config
 from reinforge.envs.registry import load_environment
 from reinforge.errors import UsageError
@@ -27,6 +29,7 @@ from reinforge.policy.engine import Engine
 from reinforge.policy.models import load_model
 from reinforge.rollout.generator import RolloutSettings, generate_groups
 from reinforge.rollout.summary import summarize
+from reinforge.train.trainable import full_weights, is_adapter, load_trainable
 from reinforge.train.trainer import Trainer, select_for_training
 
 
@@ -41,19 +44,31 @@ async def train(
     checkpoint = latest_checkpoint(config.run_dir) if resume else None
     if resume and checkpoint is None:
         raise UsageError(f"nothing to resume: no checkpoint in {config.run_dir}")
-    weights = str(checkpoint) if checkpoint else config.model.name
-    model, tokenizer = load_model(weights, "float32")  # the trainer's weights
-    sampler, _ = load_model(weights, config.model.sampler_dtype)
+    model, tokenizer = load_trainable(config.model.name, config.trainer, checkpoint)
+    # An fp32 sampler runs the trainer's own model: no second copy, and a weight sync is
+    # only a new version number. A bf16 sampler keeps its own copy, refreshed each step.
+    shared = config.model.sampler_dtype == "float32"
+    sampler = model if shared else load_model(config.model.name, config.model.sampler_dtype)[0]
     engine = Engine(
         sampler, tokenizer, name=config.model.name, max_batch=config.rollout.concurrency
     )
+    if not shared:
+        with full_weights(model) as weights:
+            engine.update_weights(weights)  # a checkpoint's or adapter-merged weights
+    engine.version = 0
     sampling = SamplingDefaults(
         temperature=config.rollout.temperature,
         top_p=config.rollout.top_p,
         max_tokens=env.harness.max_tokens_per_turn,
     )
     client = PolicyClient.for_engine(engine, sampling)
-    trainer = Trainer(model, config.trainer, config.optim, total_steps=config.run.steps)
+    trainer = Trainer(
+        model,
+        config.trainer,
+        config.optim,
+        total_steps=config.run.steps,
+        reference=_reference(config, model),
+    )
     start_step = 0
     if checkpoint is not None:
         state = load_trainer_state(checkpoint)
@@ -79,12 +94,15 @@ async def train(
             selection = select_for_training(groups, config.trainer)
             # 4-5. loss and optimizer step (nothing to learn if every group was uniform)
             started = time.perf_counter()
-            trained = trainer.step(selection) if selection.trajectories else {}
+            trained = trainer.step(selection.batch()) if selection.trajectories else {}
             train_s = time.perf_counter() - started
             # 6. weight sync: the next step samples from the new weights
             started = time.perf_counter()
-            if trained:
-                engine.update_weights(dict(model.named_parameters()))
+            if trained and shared:
+                engine.update_weights({})  # same tensors, changed in place
+            elif trained:
+                with full_weights(model) as weights:
+                    engine.update_weights(weights)
             sync_s = time.perf_counter() - started
             summary = summarize(groups, env.rubric.pass_threshold, rollout_s)
             metrics = step_metrics(
@@ -98,6 +116,15 @@ async def train(
         await env.aclose()
         recorder.close()
     return recorder.directory
+
+
+def _reference(config: Config, model: PreTrainedModel) -> PreTrainedModel | None:
+    """The frozen start point of the KL term: the configured model, not a resumed checkpoint.
+    A LoRA model needs none (its base is the reference)."""
+    if not config.trainer.algorithm.loss.needs_reference or is_adapter(model):
+        return None
+    reference, _ = load_model(config.model.name, "float32")
+    return reference.requires_grad_(False)
 
 
 def task_seed(seed: int, step: int) -> int:

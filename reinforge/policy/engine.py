@@ -117,7 +117,9 @@ class Engine:
     def update_weights(self, state: Mapping[str, torch.Tensor]) -> int:
         """Copy new weights in place (cast to the engine's dtype); returns the new version.
 
-        Takes effect between two decode steps: tokens after it carry the new version.
+        Takes effect between two decode steps: tokens after it carry the new version. An
+        empty `state` says the engine's own tensors were changed in place (a sampler that
+        shares the trainer's model): only the version and the prefix cache change.
         """
         params = dict(self.model.named_parameters())
         unknown = [name for name in state if name not in params]

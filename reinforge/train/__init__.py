@@ -10,9 +10,10 @@ from reinforge.train.config import (
     LossConfig,
     PPOClipLoss,
     SequenceMean,
+    SFTLoss,
     TokenMean,
 )
-from reinforge.train.losses import PolicyMetrics
+from reinforge.train.losses import LikelihoodMetrics, PolicyMetrics
 
 __all__ = [
     "AdvantageConfig",
@@ -21,9 +22,11 @@ __all__ = [
     "ConstantNorm",
     "DrGRPOAdvantage",
     "GRPOAdvantage",
+    "LikelihoodMetrics",
     "LossConfig",
     "PPOClipLoss",
     "PolicyMetrics",
     "SequenceMean",
+    "SFTLoss",
     "TokenMean",
 ]

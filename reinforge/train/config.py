@@ -11,11 +11,13 @@ from abc import ABC, abstractmethod
 from dataclasses import replace
 from typing import Annotated, Any, Literal
 
+import torch
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 from torch import Tensor
 
 from reinforge.train.advantages import dr_grpo_advantages, grpo_advantages
 from reinforge.train.losses import (
+    LikelihoodMetrics,
     PolicyMetrics,
     constant_norm_weights,
     kl_k3,
@@ -185,7 +187,42 @@ class PPOClipLoss(_Config):
         return (per_token * weights).sum(), metrics
 
 
-LossConfig = Annotated[Annotated[PPOClipLoss, Tag("ppo_clip")], _kind_or("ppo_clip")]
+class SFTLoss(_Config):
+    """Supervised fine-tuning: the negative log-likelihood of every trained token.
+
+    Per token `-logp`, which is `cross_entropy` of the full logits (the trainer computes
+    log-probs only where a token is trained), then aggregated like the RL losses. Advantages
+    and behaviour log-probs are ignored, so stored trajectories from any source train as
+    they are: the loss mask alone says which tokens are learned.
+    """
+
+    kind: Literal["sft"] = "sft"
+    aggregation: AggregationConfig = Field(default_factory=TokenMean)
+
+    @property
+    def needs_reference(self) -> bool:
+        return False
+
+    def compute(
+        self,
+        logp: Tensor,
+        behaviour_logp: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        ref_logp: Tensor | None = None,
+        weights: Tensor | None = None,
+    ) -> tuple[Tensor, LikelihoodMetrics]:
+        """Same arguments as `PPOClipLoss.compute`; only logp, mask and weights are used."""
+        nll = torch.where(mask.bool(), -logp, 0.0)  # (B, T)
+        if weights is None:
+            weights = self.aggregation.weights(mask)  # (B, T)
+        return (nll * weights).sum(), LikelihoodMetrics(nll=masked_mean(nll, mask))
+
+
+LossConfig = Annotated[
+    Annotated[PPOClipLoss, Tag("ppo_clip")] | Annotated[SFTLoss, Tag("sft")],
+    _kind_or("ppo_clip"),
+]
 
 
 class AlgorithmConfig(_Config):

@@ -71,8 +71,13 @@ def selective_logprobs(
 def _head_chunk(
     head: nn.Module, hidden: Tensor, targets: Tensor, with_entropy: bool
 ) -> tuple[Tensor, Tensor | None]:
-    """hidden: (n, H), targets: (n,). Returns log-probs (n,) and entropies (n,) or None."""
-    logits = head(hidden)  # (n, V)
+    """hidden: (n, H), targets: (n,). Returns log-probs (n,) and entropies (n,) or None.
+
+    The head runs in float32 even under bf16 autocast: bf16 logits of magnitude ~20 are off
+    by ~0.1, which would show up as importance ratios of e^0.1 against the sampler's.
+    """
+    with torch.autocast(hidden.device.type, enabled=False):
+        logits = head(hidden)  # (n, V)
     entropy = token_entropy(logits) if with_entropy else None  # (n,)
     return token_logprobs(logits, targets), entropy
 

@@ -150,6 +150,30 @@ class PolicyMetrics:
     kl: Tensor | None = None
     """Mean k3 estimate of KL(policy || reference), when a reference was given."""
 
+    def scalars(self) -> dict[str, float]:
+        """What the trainer logs per step, averaged over micro-batches by their tokens."""
+        scalars = {
+            "ratio": float(self.mean_ratio),
+            "clip_fraction": float(self.clip_fraction),
+            "clip_low_fraction": float(self.clip_low_fraction),
+            "clip_high_fraction": float(self.clip_high_fraction),
+            "capped_fraction": float(self.capped_fraction),
+        }
+        if self.kl is not None:
+            scalars["kl"] = float(self.kl)
+        return scalars
+
+
+@dataclass(frozen=True)
+class LikelihoodMetrics:
+    """What the SFT loss saw: a detached 0-dim tensor averaged over masked tokens."""
+
+    nll: Tensor
+    """Mean negative log-likelihood of the trained tokens, in nats."""
+
+    def scalars(self) -> dict[str, float]:
+        return {"nll": float(self.nll)}
+
 
 def ppo_clip_loss(
     logp: Tensor,

@@ -1,8 +1,9 @@
 """The trainer: one optimizer step from scored trajectories.
 
 The algorithm (advantage, loss, aggregation) comes from the typed config; this class only
-batches, accumulates over micro-batches, clips and steps. Zero-variance groups and errored
-rollouts never reach it: `select_for_training` leaves them out and counts them.
+batches, accumulates over micro-batches, clips and steps, the same for RL and for SFT (whose
+loss is one more config). Zero-variance groups and errored rollouts never reach it:
+`select_for_training` leaves them out and counts them.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import Tensor
 from transformers import PreTrainedModel
 
 from reinforge.config import OptimConfig, TrainerConfig
 from reinforge.train.batching import TrainBatch, micro_batches
 from reinforge.train.logprobs import selective_logprobs
 from reinforge.train.losses import masked_mean
+from reinforge.train.trainable import is_adapter, reference_context
 from reinforge.types import Group, Status, Trajectory
 
 
@@ -29,11 +32,17 @@ class Selection:
     advantages: list[float] = field(default_factory=list)
     zero_variance_groups: int = 0
     errored: int = 0
+    masked_truncated: int = 0
+    """Truncated completions left out of the loss (`truncated = "mask"`)."""
+
+    def batch(self) -> TrainBatch:
+        return TrainBatch.from_trajectories(self.trajectories, self.advantages)
 
 
 def select_for_training(groups: list[Group], config: TrainerConfig) -> Selection:
     """Errored rollouts are excluded (and counted) before advantages, so they do not shift
-    a group's mean; a group whose rewards are all equal carries no signal and is skipped."""
+    a group's mean; a group whose rewards are all equal carries no signal and is skipped.
+    Truncated completions are handled as `config.truncated` says."""
     selection = Selection()
     for group in groups:
         usable = [
@@ -42,22 +51,48 @@ def select_for_training(groups: list[Group], config: TrainerConfig) -> Selection
             if t.status in (Status.OK, Status.TRUNCATED) and t.logprobs
         ]
         selection.errored += len(group.trajectories) - len(usable)
-        rewards = [t.reward for t in usable]
+        rewards = [_training_reward(t, config) for t in usable]
         if len(usable) < 2 or max(rewards) == min(rewards):
             selection.zero_variance_groups += 1
             continue
         advantages = config.algorithm.advantage.compute(torch.tensor(rewards))  # (G,)
-        selection.trajectories.extend(usable)
-        selection.advantages.extend(advantages.tolist())
+        for trajectory, advantage in zip(usable, advantages.tolist(), strict=True):
+            if config.truncated == "mask" and trajectory.status is Status.TRUNCATED:
+                selection.masked_truncated += 1
+                continue
+            selection.trajectories.append(trajectory)
+            selection.advantages.append(advantage)
     return selection
 
 
+def _training_reward(trajectory: Trajectory, config: TrainerConfig) -> float:
+    """The reward the advantage sees: the rubric's, or the penalty for a cut-off one."""
+    if config.truncated == "penalize" and trajectory.status is Status.TRUNCATED:
+        return config.truncation_penalty
+    return trajectory.reward
+
+
 class Trainer:
+    """AdamW over the trainable parameters, micro-batched forward/backward, one step per call.
+
+    `reference` is the frozen model of the KL term, needed when the loss has `kl_coef > 0`;
+    a LoRA model needs none (its base, adapters off, is the reference).
+    """
+
     def __init__(
-        self, model: PreTrainedModel, config: TrainerConfig, optim: OptimConfig, total_steps: int
+        self,
+        model: PreTrainedModel,
+        config: TrainerConfig,
+        optim: OptimConfig,
+        total_steps: int,
+        reference: PreTrainedModel | None = None,
     ) -> None:
         self.model = model
         self.config = config
+        self.loss = config.algorithm.loss
+        if self.loss.needs_reference and reference is None and not is_adapter(model):
+            raise ValueError("the loss has kl_coef > 0: pass the frozen reference model")
+        self.reference = reference
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=optim.lr,
@@ -68,40 +103,40 @@ class Trainer:
         )
         self.grad_clip = optim.grad_clip
 
-    def step(self, selection: Selection) -> dict[str, float]:
-        """One optimizer step over the selected trajectories; returns metrics."""
-        loss_config = self.config.algorithm.loss
-        batch = TrainBatch.from_trajectories(selection.trajectories, selection.advantages)
-        weights = loss_config.aggregation.weights(batch.target_mask)  # (B, T)
-        lengths = batch.lengths
-        self.model.train()
-        totals = {"loss": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "ratio": 0.0}
+    def step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step over the whole batch, accumulated over micro-batches; returns
+        the loss's metrics averaged by tokens, entropy, grad norm, lr and trained tokens."""
+        weights = self.loss.aggregation.weights(batch.target_mask)  # (B, T)
         tokens = float(batch.target_mask.sum())
-        for rows in micro_batches(lengths, self.config.micro_batch_tokens):
+        totals: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
+        self.model.train()
+        for rows in micro_batches(batch.lengths, self.config.micro_batch_tokens):
             part = batch.select(rows)
-            logp, entropy = selective_logprobs(
-                self.model,
-                part.input_ids,
-                part.attention_mask,
-                part.target_mask,
-                part.targets,
-                with_entropy=True,
-            )  # (b, t), (b, t)
-            part_weights = weights[rows][:, : part.width]  # (b, t)
-            loss, metrics = loss_config.compute(
+            ref_logp = self._reference_logprobs(part)  # (b, t) or None
+            with self._autocast():
+                logp, entropy = selective_logprobs(
+                    self.model,
+                    part.input_ids,
+                    part.attention_mask,
+                    part.target_mask,
+                    part.targets,
+                    with_entropy=True,
+                )  # (b, t), (b, t)
+            loss, metrics = self.loss.compute(
                 logp,
                 part.behaviour_logprobs,
                 part.advantages,
                 part.target_mask,
-                weights=part_weights,
+                ref_logp=ref_logp,
+                weights=weights[rows][:, : part.width],  # (b, t)
             )
             loss.backward()
             share = float(part.target_mask.sum()) / max(tokens, 1.0)
             totals["loss"] += loss.item()
-            totals["clip_fraction"] += float(metrics.clip_fraction) * share
-            totals["ratio"] += float(metrics.mean_ratio) * share
             assert entropy is not None
             totals["entropy"] += float(masked_mean(entropy, part.target_mask)) * share
+            for name, value in metrics.scalars().items():
+                totals[name] = totals.get(name, 0.0) + value * share
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
@@ -113,6 +148,24 @@ class Trainer:
             "lr": self.scheduler.get_last_lr()[0],
             "trained_tokens": tokens,
         }
+
+    def _autocast(self) -> torch.autocast:
+        return torch.autocast(
+            self.model.device.type,
+            dtype=torch.bfloat16,
+            enabled=self.config.precision == "bfloat16",
+        )
+
+    def _reference_logprobs(self, part: TrainBatch) -> Tensor | None:
+        """The frozen reference's log-probs of this micro-batch, when the loss has a KL."""
+        if not self.loss.needs_reference:
+            return None
+        model = self.reference if self.reference is not None else self.model
+        with torch.no_grad(), reference_context(self.model), self._autocast():
+            logp, _ = selective_logprobs(
+                model, part.input_ids, part.attention_mask, part.target_mask, part.targets
+            )
+        return logp  # (b, t)
 
     def state_dict(self) -> dict[str, Any]:
         """What resuming needs besides the weights: optimizer, schedule and RNG state."""

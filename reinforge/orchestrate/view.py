@@ -1,0 +1,110 @@
+"""What `reinforge train` shows while it runs: progress, the reward curve, the time split.
+
+On a terminal a live panel redraws after each step; elsewhere (CI logs, pipes) each step is
+one plain line, so logs stay readable. Both read the same `metrics.jsonl` rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+_BARS = "▁▂▃▄▅▆▇█"
+_RECENT = 8
+
+
+def sparkline(values: list[float], width: int = 60) -> str:
+    """Values as block characters scaled to [min, max], the latest `width` of them."""
+    values = values[-width:]
+    if not values:
+        return ""
+    low, high = min(values), max(values)
+    span = (high - low) or 1.0
+    return "".join(_BARS[round((v - low) / span * (len(_BARS) - 1))] for v in values)
+
+
+def step_line(metrics: dict[str, Any], steps: int) -> str:
+    times = metrics["time"]
+    return (
+        f"step {metrics['step'] + 1:4d}/{steps}  "
+        f"reward {metrics['reward_mean']:.3f} ± {metrics['reward_std']:.3f}  "
+        f"pass {metrics['pass_rate']:.2f}  "
+        f"len {metrics['completion_tokens_mean']:5.1f}  "
+        f"zero-var {metrics['zero_variance_groups']}  "
+        f"rollout {times['rollout_s']:5.1f}s  train {times['train_s']:5.1f}s  "
+        f"sync {times['sync_s']:4.2f}s"
+    )
+
+
+class TrainView:
+    """Call `update(metrics)` after each step; use as a context manager."""
+
+    def __init__(self, console: Console, steps: int) -> None:
+        self.console = console
+        self.steps = steps
+        self.rows: list[dict[str, Any]] = []
+        self.progress = Progress(
+            TextColumn("[bold]training"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("steps"),
+            TimeRemainingColumn(),
+            console=console,
+        )
+        self.task = self.progress.add_task("train", total=steps)
+        self.live = Live(self._render(), console=console, refresh_per_second=2)
+
+    def __enter__(self) -> TrainView:
+        if self.console.is_terminal:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.console.is_terminal:
+            self.live.__exit__(*exc)
+
+    def update(self, metrics: dict[str, Any]) -> None:
+        self.rows.append(metrics)
+        self.progress.update(self.task, completed=metrics["step"] + 1)
+        if self.console.is_terminal:
+            self.live.update(self._render())
+        else:
+            self.console.print(step_line(metrics, self.steps), highlight=False)
+
+    def _render(self) -> Group:
+        rewards = [row["reward_mean"] for row in self.rows]
+        curve = f"reward {sparkline(rewards)}" if rewards else "reward (after the first step)"
+        return Group(self.progress, curve, self._table(), self._time_split())
+
+    def _table(self) -> Table:
+        table = Table(box=None, pad_edge=False)
+        for name in ("step", "reward", "pass", "len", "zero-var", "clip", "entropy", "step s"):
+            table.add_column(name, justify="right")
+        for row in self.rows[-_RECENT:]:
+            table.add_row(
+                str(row["step"] + 1),
+                f"{row['reward_mean']:.3f}",
+                f"{row['pass_rate']:.2f}",
+                f"{row['completion_tokens_mean']:.1f}",
+                str(row["zero_variance_groups"]),
+                f"{row.get('clip_fraction', 0.0):.3f}",
+                f"{row.get('entropy', 0.0):.2f}",
+                f"{row['time']['total_s']:.1f}",
+            )
+        return table
+
+    def _time_split(self) -> str:
+        """Where the time went over the steps so far: the first question of a slow run."""
+        if not self.rows:
+            return ""
+        totals = {
+            part: sum(row["time"][f"{part}_s"] for row in self.rows)
+            for part in ("rollout", "train", "sync")
+        }
+        whole = sum(totals.values()) or 1.0
+        split = "  ".join(f"{part} {100 * t / whole:.0f}%" for part, t in totals.items())
+        return f"time: {split}  (rollout {self.rows[-1]['tokens_per_s']['rollout']:.0f} tok/s)"

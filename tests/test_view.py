@@ -1,0 +1,54 @@
+"""The training console: a live panel on a terminal, one line per step elsewhere."""
+
+from __future__ import annotations
+
+import io
+import re
+
+from rich.console import Console
+
+from reinforge.orchestrate.view import TrainView, sparkline
+
+
+def _row(step: int, reward: float) -> dict:
+    return {
+        "step": step,
+        "reward_mean": reward,
+        "reward_std": 0.1,
+        "pass_rate": reward,
+        "completion_tokens_mean": 20.0,
+        "zero_variance_groups": 3,
+        "clip_fraction": 0.01,
+        "entropy": 1.2,
+        "time": {"rollout_s": 3.0, "train_s": 1.0, "sync_s": 0.0, "total_s": 4.0},
+        "tokens_per_s": {"rollout": 50.0, "train": 200.0},
+    }
+
+
+def test_sparkline_scales_to_the_range():
+    assert sparkline([0.0, 0.5, 1.0]) == "▁▅█"
+    assert sparkline([2.0, 2.0]) == "▁▁"
+    assert sparkline([]) == ""
+    assert len(sparkline([float(i) for i in range(100)], width=10)) == 10
+
+
+def test_a_terminal_gets_the_live_panel_with_curve_and_time_split():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, color_system=None, width=120)
+    with TrainView(console, steps=4) as view:
+        for step, reward in enumerate([0.0, 0.25, 0.5]):
+            view.update(_row(step, reward))
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())  # cursor movement
+    assert "3/4" in text and "reward ▁▅█" in text
+    assert "rollout 75%" in text and "train 25%" in text
+
+
+def test_a_pipe_gets_one_plain_line_per_step():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=200)
+    with TrainView(console, steps=2) as view:
+        view.update(_row(0, 0.0))
+        view.update(_row(1, 0.5))
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and lines[1].startswith("step    2/2  reward 0.500")
+    assert "\x1b[" not in out.getvalue()

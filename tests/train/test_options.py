@@ -1,0 +1,216 @@
+"""Trainer options on real parts (tiny random Llama, real tokenizer, real engine): LoRA,
+bf16 autocast, gradient checkpointing, the KL reference, truncation handling, and the
+weights a separate sampler receives."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from reinforge.config import load_config
+from reinforge.envs.registry import load_environment
+from reinforge.policy.client import PolicyClient, SamplingDefaults
+from reinforge.policy.models import load_model
+from reinforge.rollout.generator import RolloutSettings, generate_groups
+from reinforge.train.batching import TrainBatch
+from reinforge.train.trainable import full_weights, load_trainable
+from reinforge.train.trainer import Trainer, select_for_training
+from reinforge.types import Group, Status, Task, Trajectory
+
+ROOT = Path(__file__).resolve().parents[2]
+LENGTH_ENV = str(ROOT / "tests" / "data" / "length_env.py")
+
+
+@pytest.fixture
+async def batch(tiny_engine) -> TrainBatch:
+    """16 sampled completions of the tiny model, every one trained."""
+    env = load_environment(LENGTH_ENV)
+    client = PolicyClient.for_engine(tiny_engine, SamplingDefaults(max_tokens=8))
+    groups = await generate_groups(env, env.tasks(4), client, RolloutSettings(4, seed=1))
+    trajectories = [t for g in groups for t in g.trajectories]
+    return TrainBatch.from_trajectories(
+        trajectories, [1.0 if i % 2 else -1.0 for i in range(len(trajectories))]
+    )
+
+
+def _trainer(*overrides: str, reference: torch.nn.Module | None = None):
+    config = load_config(None, ["optim.lr=1e-3", *overrides])
+    model, _ = load_trainable("tiny-random", config.trainer)
+    trainer = Trainer(model, config.trainer, config.optim, total_steps=4, reference=reference)
+    return model, trainer
+
+
+def test_lora_trains_the_adapters_and_leaves_the_base_frozen(batch):
+    model, trainer = _trainer("trainer.lora.rank=4")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    trainer.step(batch)
+    trainer.step(batch)  # lora_B starts at 0, so lora_A has no gradient until B moves
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed == trainable
+
+
+def test_lora_weights_for_a_sampler_are_merged_and_the_adapter_restored(batch):
+    model, trainer = _trainer("trainer.lora.rank=4")
+    trainer.step(batch)
+    trainer.step(batch)  # B != 0 now, so the merge changes the base weights
+    plain, _ = load_model("tiny-random")
+    with torch.no_grad():
+        expected = plain(batch.input_ids, attention_mask=batch.attention_mask).logits
+        adapted = model(batch.input_ids, attention_mask=batch.attention_mask).logits
+        with full_weights(model) as weights:
+            assert set(weights) == set(dict(plain.named_parameters()))
+            for name, param in plain.named_parameters():
+                param.copy_(weights[name])
+        merged = plain(batch.input_ids, attention_mask=batch.attention_mask).logits
+        after = model(batch.input_ids, attention_mask=batch.attention_mask).logits
+    assert not torch.allclose(expected, adapted, atol=1e-4)  # the adapter does something
+    torch.testing.assert_close(merged, adapted, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(after, adapted, atol=1e-5, rtol=1e-5)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(batch):
+    grads = []
+    for flag in ("false", "true"):
+        torch.manual_seed(0)
+        model, trainer = _trainer(f"trainer.gradient_checkpointing={flag}")
+        model.train()
+        from reinforge.train.logprobs import selective_logprobs
+
+        logp, _ = selective_logprobs(
+            model, batch.input_ids, batch.attention_mask, batch.target_mask, batch.targets
+        )
+        logp.sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, atol=1e-6, rtol=1e-5)
+
+
+def test_bf16_autocast_trains_with_float32_weights_and_log_probs(batch):
+    model, trainer = _trainer('trainer.precision="bfloat16"')
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    metrics = trainer.step(batch)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(not torch.equal(p, before[n]) for n, p in model.named_parameters())
+    # the behaviour log-probs came from the fp32 sampler: bf16 matmuls move the ratio a
+    # little, the fp32 head keeps it close to 1
+    assert 0.9 < metrics["ratio"] < 1.1 and torch.isfinite(torch.tensor(metrics["loss"]))
+
+
+def test_kl_to_the_reference_is_zero_at_the_start_and_grows(batch):
+    reference, _ = load_model("tiny-random")
+    model, trainer = _trainer(
+        "trainer.algorithm.loss.kl_coef=0.1", reference=reference.requires_grad_(False)
+    )
+    first = trainer.step(batch)
+    second = trainer.step(batch)
+    assert first["kl"] == 0.0 and second["kl"] > 0.0
+
+
+def test_kl_with_lora_uses_the_base_as_reference(batch):
+    _, trainer = _trainer("trainer.lora.rank=4", "trainer.algorithm.loss.kl_coef=0.1")
+    first = trainer.step(batch)
+    trainer.step(batch)
+    assert first["kl"] == 0.0 and trainer.step(batch)["kl"] > 0.0
+
+
+def test_kl_without_a_reference_is_refused():
+    with pytest.raises(ValueError, match="reference"):
+        _trainer("trainer.algorithm.loss.kl_coef=0.1")
+
+
+def _group(*rollouts: tuple[float, Status]) -> Group:
+    return Group(
+        task=Task(id="t", prompt=[]),
+        trajectories=[
+            Trajectory(
+                task_id="t",
+                group_id="t",
+                index=i,
+                token_ids=[1, 2],
+                loss_mask=[0, 1],
+                logprobs=[-1.0],
+                reward=reward,
+                status=status,
+            )
+            for i, (reward, status) in enumerate(rollouts)
+        ],
+    )
+
+
+@pytest.mark.parametrize(
+    ("policy", "trained", "advantages"),
+    [
+        # rewards 1, 0, 1 -> mean 2/3, sample std 0.577
+        ("keep", [0, 1, 2], [0.5773, -1.1547, 0.5773]),
+        # the truncated one still shapes the baseline, but is not trained on
+        ("mask", [0, 1], [0.5773, -1.1547]),
+        # its reward becomes -1: rewards 1, 0, -1 -> mean 0, std 1
+        ("penalize", [0, 1, 2], [1.0, 0.0, -1.0]),
+    ],
+)
+def test_truncated_completions_follow_the_policy(policy, trained, advantages):
+    group = _group((1.0, Status.OK), (0.0, Status.OK), (1.0, Status.TRUNCATED))
+    config = load_config(
+        None, [f'trainer.truncated="{policy}"', "trainer.truncation_penalty=-1.0"]
+    ).trainer
+    selection = select_for_training([group], config)
+    assert [t.index for t in selection.trajectories] == trained
+    assert selection.advantages == pytest.approx(advantages, abs=1e-3)
+    assert selection.masked_truncated == (1 if policy == "mask" else 0)
+
+
+def _run(tmp_path: Path, *extra: str) -> Path:
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "reinforge", "train", "model.name=tiny-random",
+            f"env.name={LENGTH_ENV}", "run.steps=2", f"run.dir={tmp_path}", "run.name=r",
+            "rollout.tasks_per_step=2", *extra,
+        ],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    return tmp_path / "r"
+
+
+def test_a_lora_run_with_a_bf16_sampler_checkpoints_a_merged_model_and_resumes(tmp_path):
+    run = _run(
+        tmp_path, "trainer.lora.rank=4", 'model.sampler_dtype="bfloat16"', "optim.lr=1e-3"
+    )
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy_version"] for r in rows] == [1, 2]
+    assert all(r["time"]["sync_s"] > 0 for r in rows)
+    checkpoint = run / "checkpoints" / "step_00002"
+    assert (checkpoint / "adapter" / "adapter_config.json").is_file()
+    merged = AutoModelForCausalLM.from_pretrained(checkpoint)  # a plain model, no peft
+    base, _ = load_model("tiny-random")
+    assert not any("lora_" in name for name, _ in merged.named_parameters())
+    assert any(
+        not torch.equal(p, dict(base.named_parameters())[n]) for n, p in merged.named_parameters()
+    )
+    config = load_config(None, ["trainer.lora.rank=4"])
+    resumed, _ = load_trainable("tiny-random", config.trainer, checkpoint)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        torch.testing.assert_close(resumed(ids).logits, merged(ids).logits, atol=1e-4, rtol=1e-4)
+
+
+def test_the_fp32_sampler_shares_the_trainers_weights(tmp_path):
+    run = _run(tmp_path)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # the second step's rollouts came from the weights the first step trained
+    steps = [
+        [json.loads(line) for line in (run / "trajectories" / f"step_{s:05d}.jsonl").open()]
+        for s in (0, 1)
+    ]
+    assert {v for t in steps[0] for v in t["policy_versions"]} == {0}
+    assert {v for t in steps[1] for v in t["policy_versions"]} == {1}
+    assert rows[1]["policy_version"] == 2
