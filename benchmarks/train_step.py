@@ -50,7 +50,9 @@ def sampled_batch(model: Any, tokenizer: Any) -> Any:
         engine = Engine(model, tokenizer, name="smollm2-135m")
         client = PolicyClient.for_engine(engine, SamplingDefaults(max_tokens=48))
         try:
-            return await generate_groups(env, env.tasks(8, seed=0), client, RolloutSettings(4, seed=0))
+            return await generate_groups(
+                env, env.tasks(8, seed=0), client, RolloutSettings(4, seed=0)
+            )
         finally:
             await client.close()
             engine.close()
@@ -112,9 +114,18 @@ def main() -> None:
     results: dict[str, Any] = {}
     for name in args.only or OPTIONS:
         child = subprocess.run(
-            [sys.executable, __file__, "--steps", str(args.steps), "--child",
-             json.dumps(OPTIONS[name])],
-            capture_output=True, text=True, check=True, env={**os.environ},
+            [
+                sys.executable,
+                __file__,
+                "--steps",
+                str(args.steps),
+                "--child",
+                json.dumps(OPTIONS[name]),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ},
         )
         results[name] = json.loads(child.stdout.strip().splitlines()[-1])
         r = results[name]
@@ -127,8 +138,10 @@ def main() -> None:
     if reference:
         print("\nratio to fp32 (step time, peak RSS):")
         for name, r in results.items():
-            print(f"  {name:34s} {r['median_step_s'] / reference['median_step_s']:.2f}x  "
-                  f"{r['peak_rss_gib'] / reference['peak_rss_gib']:.2f}x")
+            print(
+                f"  {name:34s} {r['median_step_s'] / reference['median_step_s']:.2f}x  "
+                f"{r['peak_rss_gib'] / reference['peak_rss_gib']:.2f}x"
+            )
     with open(args.out, "w", encoding="utf-8") as out:
         json.dump(results, out, indent=2)
 

@@ -16,6 +16,7 @@ from reinforge.errors import UsageError
 def build_parser() -> argparse.ArgumentParser:
     from reinforge.commands import eval as eval_cmd
     from reinforge.commands import serve as serve_cmd
+    from reinforge.commands import sft as sft_cmd
     from reinforge.commands import train as train_cmd
     from reinforge.sandbox import cli as sandbox_cmd
 
@@ -23,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="reinforge", description="Train LLM agents with reinforcement learning."
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (serve_cmd, eval_cmd, train_cmd, sandbox_cmd):
+    for module in (serve_cmd, eval_cmd, train_cmd, sft_cmd, sandbox_cmd):
         module.register(subparsers)
     return parser
 

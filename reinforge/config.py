@@ -158,6 +158,14 @@ def load_config(path: Path | None, overrides: list[str]) -> Config:
         raise UsageError(f"config {where}: {first['msg']}") from error
 
 
+def load_command_config(first: Path | None, overrides: list[str]) -> Config:
+    """`reinforge train|sft [CONFIG.toml] [KEY=VALUE ...]`: argparse cannot tell an optional
+    file from the first override, so a first argument holding "=" is an override."""
+    if first is not None and "=" in str(first):
+        return load_config(None, [str(first), *overrides])
+    return load_config(first, overrides)
+
+
 def _parse_value(text: str) -> Any:
     """TOML's value syntax (numbers, booleans, quoted strings, arrays), else plain text."""
     try:

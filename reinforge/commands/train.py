@@ -25,16 +25,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from reinforge.config import load_config
+    from reinforge.config import load_command_config
     from reinforge.orchestrate.sync import train
     from reinforge.orchestrate.view import TrainView
 
-    config_path = args.config
-    overrides = list(args.overrides)
-    if config_path is not None and "=" in str(config_path):  # no file, overrides only
-        overrides.insert(0, str(config_path))
-        config_path = None
-    config = load_config(config_path, overrides)
+    config = load_command_config(args.config, args.overrides)
     console = Console(stderr=True)
     console.print(f"run directory: {config.run_dir}")
     with TrainView(console, config.run.steps) as view:

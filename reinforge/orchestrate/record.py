@@ -8,20 +8,15 @@
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 from typing import Any
 
-import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from reinforge.config import Config
 from reinforge.errors import UsageError
-from reinforge.train.trainable import save_model
+from reinforge.train.checkpoints import write_checkpoint
 from reinforge.train.trainer import Selection, Trainer
 from reinforge.types import Group
-
-TRAINER_STATE = "trainer_state.pt"
 
 
 class RunRecorder:
@@ -67,37 +62,6 @@ class RunRecorder:
 
     def close(self) -> None:
         self._metrics.close()
-
-
-def write_checkpoint(
-    run_dir: Path,
-    steps_done: int,
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    state: dict[str, Any],
-) -> Path:
-    """`run_dir/checkpoints/step_NNNNN/`: the model in Hugging Face format and `state` (what
-    resuming needs) as trainer_state.pt. Written aside and renamed, so a kill mid-save never
-    leaves a half checkpoint."""
-    final = run_dir / "checkpoints" / f"step_{steps_done:05d}"
-    staging = final.with_name(f".{final.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    save_model(model, staging)
-    tokenizer.save_pretrained(staging)
-    torch.save(state, staging / TRAINER_STATE)
-    shutil.rmtree(final, ignore_errors=True)
-    staging.rename(final)
-    return final
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint of a run, if any."""
-    found = sorted((run_dir / "checkpoints").glob(f"step_*/{TRAINER_STATE}"))
-    return found[-1].parent if found else None
-
-
-def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
-    return torch.load(checkpoint / TRAINER_STATE, weights_only=False)
 
 
 def step_metrics(

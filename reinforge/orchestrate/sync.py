@@ -18,17 +18,13 @@ from transformers import PreTrainedModel
 from reinforge.config import Config
 from reinforge.envs.registry import load_environment
 from reinforge.errors import UsageError
-from reinforge.orchestrate.record import (
-    RunRecorder,
-    latest_checkpoint,
-    load_trainer_state,
-    step_metrics,
-)
+from reinforge.orchestrate.record import RunRecorder, step_metrics
 from reinforge.policy.client import PolicyClient, SamplingDefaults
 from reinforge.policy.engine import Engine
 from reinforge.policy.models import load_model
 from reinforge.rollout.generator import RolloutSettings, generate_groups
 from reinforge.rollout.summary import summarize
+from reinforge.train.checkpoints import latest_checkpoint, load_trainer_state
 from reinforge.train.trainable import full_weights, is_adapter, load_trainable
 from reinforge.train.trainer import Trainer, select_for_training
 

@@ -57,7 +57,7 @@ def load_model(
                 f"unknown model {spec!r}: not one of {', '.join(BUILTIN_MODELS)} "
                 "and not a folder holding a Hugging Face model (config.json)"
             )
-        with _quiet_progress():  # loading safetensors takes well under a second
+        with quiet_progress():  # loading safetensors takes well under a second
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(folder)
     model.to(torch_dtype(dtype)).eval()
@@ -65,7 +65,7 @@ def load_model(
 
 
 @contextmanager
-def _quiet_progress() -> Iterator[None]:
+def quiet_progress() -> Iterator[None]:
     hf_logging.disable_progress_bar()
     try:
         yield

@@ -10,9 +10,8 @@ format, under `adapter/` to resume from.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import ContextManager
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -20,7 +19,7 @@ from safetensors.torch import save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from reinforge.config import TrainerConfig
-from reinforge.policy.models import load_model
+from reinforge.policy.models import load_model, quiet_progress
 
 ADAPTER = "adapter"
 
@@ -55,17 +54,18 @@ def load_trainable(
 
 def save_model(model: PreTrainedModel, folder: Path) -> None:
     """The complete model in Hugging Face format; for LoRA, merged, plus `adapter/`."""
-    if not isinstance(model, PeftModel):
-        model.save_pretrained(folder)
-        return
-    model.save_pretrained(folder / ADAPTER)
-    base = model.get_base_model()
-    base.config.save_pretrained(folder)
-    if base.generation_config is not None:
-        base.generation_config.save_pretrained(folder)
-    with full_weights(model) as weights:
-        tensors = {name: tensor.detach().contiguous() for name, tensor in weights.items()}
-        save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with quiet_progress():  # a per-shard progress bar would break the training console
+        if not isinstance(model, PeftModel):
+            model.save_pretrained(folder)
+            return
+        model.save_pretrained(folder / ADAPTER)
+        base = model.get_base_model()
+        base.config.save_pretrained(folder)
+        if base.generation_config is not None:
+            base.generation_config.save_pretrained(folder)
+        with full_weights(model) as weights:
+            tensors = {name: tensor.detach().contiguous() for name, tensor in weights.items()}
+            save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
 
 
 @contextmanager
@@ -87,7 +87,7 @@ def full_weights(model: PreTrainedModel) -> Iterator[Mapping[str, torch.Tensor]]
         model.unmerge_adapter()
 
 
-def reference_context(model: PreTrainedModel) -> ContextManager[object]:
+def reference_context(model: PreTrainedModel) -> AbstractContextManager[object]:
     """Within it, a LoRA model computes as its frozen base: the KL reference for free."""
     return model.disable_adapter() if isinstance(model, PeftModel) else nullcontext()
 

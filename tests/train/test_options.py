@@ -4,7 +4,6 @@ weights a separate sampler receives."""
 
 from __future__ import annotations
 
-import copy
 import json
 import subprocess
 import sys
@@ -171,20 +170,28 @@ def test_truncated_completions_follow_the_policy(policy, trained, advantages):
 def _run(tmp_path: Path, *extra: str) -> Path:
     result = subprocess.run(
         [
-            sys.executable, "-m", "reinforge", "train", "model.name=tiny-random",
-            f"env.name={LENGTH_ENV}", "run.steps=2", f"run.dir={tmp_path}", "run.name=r",
-            "rollout.tasks_per_step=2", *extra,
+            sys.executable,
+            "-m",
+            "reinforge",
+            "train",
+            "model.name=tiny-random",
+            f"env.name={LENGTH_ENV}",
+            "run.steps=2",
+            f"run.dir={tmp_path}",
+            "run.name=r",
+            "rollout.tasks_per_step=2",
+            *extra,
         ],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     return tmp_path / "r"
 
 
 def test_a_lora_run_with_a_bf16_sampler_checkpoints_a_merged_model_and_resumes(tmp_path):
-    run = _run(
-        tmp_path, "trainer.lora.rank=4", 'model.sampler_dtype="bfloat16"', "optim.lr=1e-3"
-    )
+    run = _run(tmp_path, "trainer.lora.rank=4", 'model.sampler_dtype="bfloat16"', "optim.lr=1e-3")
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in rows] == [1, 2]
     assert all(r["time"]["sync_s"] > 0 for r in rows)

@@ -1,0 +1,52 @@
+"""`reinforge sft [CONFIG.toml] [key=value ...]`: SFT warm-up from stored trajectories."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "sft", help="fine-tune a model on stored trajectories (SFT warm-up)"
+    )
+    parser.add_argument("config", type=Path, nargs="?", help="TOML config (only overrides)")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="dotted overrides, e.g. sft.data=runs/eval-arith sft.min_reward=1 optim.lr=1e-5",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from reinforge.config import load_command_config
+    from reinforge.policy.models import load_tokenizer
+    from reinforge.train.sft import load_data, sft_config, train_sft
+
+    config = load_command_config(args.config, args.overrides)
+    console = Console(stderr=True)
+    data = load_data(config.sft, load_tokenizer(config.model.name))
+    config = sft_config(config, len(data.examples))
+    console.print(
+        f"{len(data.examples)} of {data.read} trajectories kept from {len(data.files)} "
+        f"file(s), {data.rendered} rendered from their messages; "
+        f"{config.sft.epochs} epoch(s), {config.run.steps} steps"
+    )
+    console.print(f"run directory: {config.run_dir}")
+
+    def show(metrics: dict[str, Any]) -> None:
+        console.print(
+            f"step {metrics['step'] + 1:4d}/{config.run.steps}  epoch {metrics['epoch'] + 1}  "
+            f"nll {metrics['nll']:.4f}  tokens {metrics['trained_tokens']:6.0f}  "
+            f"grad {metrics['grad_norm']:7.3f}  lr {metrics['lr']:.2e}  "
+            f"{metrics['time_s']:5.2f}s  {metrics['tokens_per_s']:7.0f} tok/s",
+            soft_wrap=True,
+        )
+
+    train_sft(config, data.examples, show)
+    return 0

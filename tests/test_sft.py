@@ -1,0 +1,246 @@
+"""`reinforge sft` on real parts: eval output of the tiny random model, the real tokenizer and
+chat template, the real server and episode client, real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import torch
+from transformers import AutoModelForCausalLM
+
+from reinforge.cli import main
+from reinforge.config import SFTConfig
+from reinforge.envs.registry import load_environment
+from reinforge.policy.chat import ChatFormat
+from reinforge.policy.client import PolicyClient, SamplingDefaults
+from reinforge.policy.engine import Completion, Engine
+from reinforge.policy.models import load_model, load_tokenizer
+from reinforge.policy.sampling import SamplingParams
+from reinforge.rollout.checks import masked_spans
+from reinforge.rollout.generator import RolloutSettings, generate_groups
+from reinforge.rollout.store import read_trajectories
+from reinforge.train.sft import epoch_batches, load_data, render_messages
+from reinforge.types import Status, Trajectory
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TOOL_CALL = (
+    '<tool_call>\n{"name": "calculate", "arguments": {"expression": "12 * 34"}}\n</tool_call>'
+)
+
+
+def reinforge(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "reinforge", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+
+
+def test_sft_on_eval_output_lowers_the_nll_and_writes_a_loadable_checkpoint(tmp_path):
+    eval_dir = tmp_path / "eval"
+    evaluated = reinforge(
+        "eval", "arithmetic", "--model", "tiny-random", "--tasks", "4", "--rollouts", "2",
+        "--max-tokens", "16", "--out", str(eval_dir),
+    )  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr
+    trained = reinforge(
+        "sft", "model.name=tiny-random", f"sft.data={eval_dir}",
+        'sft.statuses=["ok", "truncated"]',  # a random model rarely ends its turn
+        "sft.epochs=3", "sft.batch_size=4", "optim.lr=1e-3",
+        f"run.dir={tmp_path}", "run.name=warm", "run.checkpoint_every=100",
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    assert "8 of 8 trajectories kept from 1 file(s), 0 rendered" in trained.stderr
+
+    run = tmp_path / "warm"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(6))
+    assert [r["epoch"] for r in rows] == [0, 0, 1, 1, 2, 2]
+    assert rows[-1]["nll"] < rows[0]["nll"]
+    assert all(r["trained_tokens"] == 4 * 16 and r["grad_norm"] > 0 for r in rows)
+    config = json.loads((run / "config.json").read_text())
+    assert config["trainer"]["algorithm"]["loss"]["kind"] == "sft"
+    assert config["run"]["steps"] == 6
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_00006"]
+    warmed = AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_00006")
+    start = dict(load_model("tiny-random")[0].named_parameters())
+    unchanged = [n for n, p in warmed.named_parameters() if torch.equal(p, start[n])]
+    assert unchanged == []
+
+    # Token-exact records train on their own tokens, never re-tokenized.
+    config = SFTConfig(data=[eval_dir], statuses=[Status.OK, Status.TRUNCATED])
+    examples = load_data(config, load_tokenizer("tiny-random")).examples
+    records = read_trajectories(eval_dir / "trajectories.jsonl")
+    assert [(e.token_ids, e.loss_mask) for e in examples] == [
+        (t.token_ids, t.loss_mask) for t in records
+    ]
+
+
+class ScriptedEngine(Engine):
+    """The real engine's interface, answering with scripted text: the n-th assistant turn of
+    an episode gets `replies[n]` in its canonical tokens and the EOS token. Unlike a random
+    model's samples, these tokens are what rendering the text gives, so a messages-only
+    record of the same conversation must come out token for token the same."""
+
+    def __init__(self, replies: list[str]) -> None:
+        model, tokenizer = load_model("tiny-random")
+        super().__init__(model, tokenizer, name="scripted")
+        self.replies = replies
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        turn = self.tokenizer.decode(prompt_ids).count("<|im_start|>assistant") - 1
+        text = self.replies[turn]
+        ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.tokenizer.eos_token_id]
+        return Completion(ids, [-1.0] * len(ids), [self.version] * len(ids), "stop")
+
+
+@pytest.fixture(scope="module")
+def chat() -> ChatFormat:
+    return ChatFormat(load_tokenizer("tiny-random"))
+
+
+async def _scripted(env_name: str, replies: list[str]) -> tuple[Trajectory, list[dict] | None]:
+    env = load_environment(env_name)
+    engine = ScriptedEngine(replies)
+    client = PolicyClient.for_engine(engine, SamplingDefaults(max_tokens=64))
+    try:
+        groups = await generate_groups(env, env.tasks(1, seed=3), client, RolloutSettings(1))
+    finally:
+        await client.close()
+        engine.close()
+    trajectory = groups[0].trajectories[0]
+    assert trajectory.status is Status.OK and trajectory.turns == len(replies)
+    return trajectory, env.harness.tool_schemas
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def single_turn() -> tuple[Trajectory, list[dict] | None]:
+    return await _scripted("arithmetic", ["The answer is 42."])
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def with_tools() -> tuple[Trajectory, list[dict] | None]:
+    return await _scripted("calculator", [TOOL_CALL, "<answer>408</answer>"])
+
+
+def test_messages_render_to_the_token_exact_record_single_turn(single_turn, chat):
+    record, tools = single_turn
+    assert render_messages(record.messages, chat, tools) == (record.token_ids, record.loss_mask)
+
+
+def test_messages_render_to_the_token_exact_record_with_tool_calls(with_tools, chat):
+    record, tools = with_tools
+    roles = [m["role"] for m in record.messages]
+    assert roles == ["system", "user", "assistant", "tool", "assistant"]
+    assert render_messages(record.messages, chat, tools) == (record.token_ids, record.loss_mask)
+    # A server that parses tool calls returns them beside the text, not in it (what a
+    # messages-only record from another OpenAI-compatible server holds): same tokens.
+    external = [{**m, "content": None} if m.get("tool_calls") else m for m in record.messages]
+    assert render_messages(external, chat, tools) == (record.token_ids, record.loss_mask)
+
+
+def test_the_mask_trains_exactly_the_assistant_turns_and_their_end(with_tools, chat):
+    record, tools = with_tools
+    ids, mask = render_messages(record.messages, chat, tools)
+    spans = [chat.tokenizer.decode(ids[start:end]) for start, end in masked_spans(mask)]
+    assert spans == [f"{TOOL_CALL}<|im_end|>", "<answer>408</answer><|im_end|>"]
+    assert ids[-1] == chat.tokenizer.eos_token_id  # the record ends where the episode did
+    # A truncated episode's last turn may have been cut mid-answer: its end is not taught.
+    cut_ids, cut_mask = render_messages(record.messages, chat, tools, last_turn_ended=False)
+    assert (cut_ids, cut_mask) == (ids[:-1], mask[:-1])
+
+
+def test_a_token_record_in_another_vocabulary_is_rendered_from_its_messages(
+    single_turn, chat, tmp_path
+):
+    record, _ = single_turn
+    own = tmp_path / "own.jsonl"
+    own.write_text(record.model_dump_json() + "\n")
+    # The same conversation as a server of a model with another tokenizer would record it.
+    foreign = record.model_copy(update={"token_ids": [t + 7 for t in record.token_ids]})
+    other = tmp_path / "other.jsonl"
+    other.write_text(foreign.model_dump_json() + "\n")
+    [kept] = load_data(SFTConfig(data=[own]), chat.tokenizer).examples
+    [rendered] = load_data(SFTConfig(data=[other]), chat.tokenizer).examples
+    assert not kept.rendered and rendered.rendered
+    assert (rendered.token_ids, rendered.loss_mask) == (record.token_ids, record.loss_mask)
+
+
+def test_min_reward_and_status_filter_the_data(tmp_path):
+    path = _write(tmp_path / "t.jsonl", [(0.0, "ok"), (0.5, "ok"), (1.0, "ok"), (1.0, "error")])
+    tokenizer = load_tokenizer("tiny-random")
+    kept = load_data(SFTConfig(data=[path], min_reward=0.5), tokenizer).examples
+    assert [e.name.split(" ")[1] for e in kept] == ["t#1", "t#2"]
+    everything = SFTConfig(data=[path], statuses=list(Status))
+    assert len(load_data(everything, tokenizer).examples) == 4
+
+
+def test_nothing_kept_is_one_line_and_exit_2(tmp_path, capsys):
+    path = _write(tmp_path / "t.jsonl", [(0.0, "ok"), (1.0, "error")])
+    assert main(["sft", f"sft.data={path}", "sft.min_reward=1.0"]) == 2
+    assert capsys.readouterr().err == (
+        f"reinforge sft: error: no trajectories with status ok and reward >= 1.0 in {path}: "
+        "0 of 2 kept\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["sft.epochs=0"], "config sft.epochs: Input should be greater than or equal to 1"),
+        (["sft.epoch=2"], "config sft.epoch: Extra inputs are not permitted"),
+        (['sft.statuses=["done"]'], "config sft.statuses.0: Input should be 'ok'"),
+        (["sft.data=[]"], "sft.data is empty"),
+        (["sft.data={tmp}/nope.jsonl"], "no such file or folder: {tmp}/nope.jsonl"),
+        (["sft.data={tmp}"], "{tmp} holds neither trajectories.jsonl nor trajectories/*.jsonl"),
+        (["sft.data={tmp}/bad.jsonl"], "{tmp}/bad.jsonl:2 is not a trajectory: Invalid JSON"),
+        (["trainer.algorithm.loss.kl_coef=0.1"], "only aggregation applies"),
+    ],
+)
+def test_config_and_data_errors_are_one_line_and_exit_2(overrides, message, tmp_path, capsys):
+    good = _write(tmp_path / "ok.jsonl", [(1.0, "ok")])
+    (tmp_path / "bad.jsonl").write_text(good.read_text() + "{not json\n")
+    good.rename(tmp_path / "ok.json")  # the folder itself holds no trajectories.jsonl
+    overrides = [o.format(tmp=tmp_path) for o in overrides]
+    if not any(o.startswith("sft.data=") for o in overrides):
+        overrides.insert(0, f"sft.data={tmp_path / 'ok.json'}")
+    assert main(["sft", "model.name=tiny-random", *overrides]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("reinforge sft: error: ") and err.count("\n") == 1
+    assert message.format(tmp=tmp_path) in err
+
+
+def test_epochs_shuffle_deterministically_and_cover_every_example():
+    first = epoch_batches(10, 4, seed=7, epoch=0)
+    assert [len(b) for b in first] == [4, 4, 2]
+    assert sorted(i for b in first for i in b) == list(range(10))
+    assert first == epoch_batches(10, 4, seed=7, epoch=0)
+    assert first != epoch_batches(10, 4, seed=7, epoch=1)
+
+
+def _write(path: Path, rewards_and_statuses: list[tuple[float, str]]) -> Path:
+    """Token records of an empty assistant turn: `<|im_start|>` then the EOS token."""
+    rows = [
+        Trajectory(
+            task_id="t",
+            group_id="t",
+            index=index,
+            messages=[{"role": "assistant", "content": ""}],
+            token_ids=[1, 2],
+            loss_mask=[0, 1],
+            logprobs=[-1.0],
+            reward=reward,
+            status=Status(status),
+        )
+        for index, (reward, status) in enumerate(rewards_and_statuses)
+    ]
+    path.write_text("".join(t.model_dump_json() + "\n" for t in rows))
+    return path
