@@ -23,7 +23,12 @@ from typing import Any
 OPTIONS: dict[str, list[str]] = {
     "fp32": [],
     "fp32, micro-batch 1024": ["trainer.micro_batch_tokens=1024"],
+    "fp32, micro-batch 512": ["trainer.micro_batch_tokens=512"],
     "fp32, gradient checkpointing": ["trainer.gradient_checkpointing=true"],
+    "fp32, micro-batch 1024, checkpointing": [
+        "trainer.micro_batch_tokens=1024",
+        "trainer.gradient_checkpointing=true",
+    ],
     "bf16 autocast": ['trainer.precision="bfloat16"'],
     "bf16 autocast, micro-batch 1024": [
         'trainer.precision="bfloat16"',
