@@ -173,6 +173,11 @@ def main() -> int:
         help="extra `reinforge train` override, repeatable",
     )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "vs_trl-results.json")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="keep both runs' folders here (reinforge's checkpoints, for a held-out eval)",
+    )
     args = parser.parse_args()
     if args.steps < 1:
         parser.error("--steps must be at least 1")
@@ -185,15 +190,17 @@ def main() -> int:
     _say(f"matmul {MATMUL_N}^3, {args.threads} threads: " + _rates(matmul))
 
     runs: dict[str, SystemRun] = {}
-    with tempfile.TemporaryDirectory(prefix="vs-trl-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="vs-trl-") as temporary:
+        scratch = args.keep or Path(temporary)
+        scratch.mkdir(parents=True, exist_ok=True)
         for name in SYSTEMS:
             if args.only and name != args.only:
                 continue
             _say(f"--- {name}: {args.steps} steps")
             if name == "trl":
-                run = run_trl(args, folder, tasks, Path(scratch))
+                run = run_trl(args, folder, tasks, scratch)
             else:
-                run = run_reinforge(args, Path(scratch))
+                run = run_reinforge(args, scratch)
             runs[name] = run
             _say(
                 f"--- {name}: exit {run.usage.returncode}, {run.usage.wall_s:.0f} s, "
