@@ -57,6 +57,9 @@ class Trajectory(BaseModel):
     index: int = 0
     """Position within the group."""
     messages: list[Message] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    """The tool schemas the policy was offered (OpenAI format): rendering the messages again
+    (e.g. for SFT) needs them to reproduce the prompt the policy saw."""
     token_ids: list[int] = Field(default_factory=list)
     loss_mask: list[int] = Field(default_factory=list)
     logprobs: list[float] = Field(default_factory=list)

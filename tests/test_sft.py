@@ -24,7 +24,7 @@ from reinforge.policy.sampling import SamplingParams
 from reinforge.rollout.checks import masked_spans
 from reinforge.rollout.generator import RolloutSettings, generate_groups
 from reinforge.rollout.store import read_trajectories
-from reinforge.train.sft import epoch_batches, load_data, render_messages
+from reinforge.train.sft import epoch_batches, load_data, render_messages, to_example
 from reinforge.types import Status, Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,7 +118,8 @@ async def _scripted(env_name: str, replies: list[str]) -> tuple[Trajectory, list
         engine.close()
     trajectory = groups[0].trajectories[0]
     assert trajectory.status is Status.OK and trajectory.turns == len(replies)
-    return trajectory, env.harness.tool_schemas
+    assert trajectory.tools == env.harness.tool_schemas
+    return trajectory, trajectory.tools
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -145,6 +146,13 @@ def test_messages_render_to_the_token_exact_record_with_tool_calls(with_tools, c
     # messages-only record from another OpenAI-compatible server holds): same tokens.
     external = [{**m, "content": None} if m.get("tool_calls") else m for m in record.messages]
     assert render_messages(external, chat, tools) == (record.token_ids, record.loss_mask)
+    # The same, from a stored messages-only trajectory: its own `tools` give the prompt.
+    stored = record.model_copy(update={"messages": external, "token_ids": [], "loss_mask": []})
+    example = to_example("t", stored, chat.tokenizer, lambda: chat)
+    assert example.rendered and (example.token_ids, example.loss_mask) == (
+        record.token_ids,
+        record.loss_mask,
+    )
 
 
 def test_the_mask_trains_exactly_the_assistant_turns_and_their_end(with_tools, chat):

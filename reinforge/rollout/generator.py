@@ -75,7 +75,9 @@ async def _rollout(
     async with limit:
         episode_client = client.episode(env.harness.max_total_tokens, _seed(settings, task, index))
         started = time.perf_counter()
-        trajectory = Trajectory(task_id=task.id, group_id=task.id, index=index)
+        trajectory = Trajectory(
+            task_id=task.id, group_id=task.id, index=index, tools=env.harness.tool_schemas
+        )
         episode: Episode | None = None
         try:
             episode = await asyncio.wait_for(

@@ -153,6 +153,7 @@ def to_example(
         ids, mask = render_messages(
             trajectory.messages,
             chat(),
+            trajectory.tools,
             last_turn_ended=trajectory.status is not Status.TRUNCATED,
         )
     except TemplateError as error:
@@ -204,7 +205,7 @@ def render_messages(
     a recorded episode ends. `last_turn_ended=False` (a truncated episode, which may have been
     cut mid-answer) leaves that last end-of-turn token out.
 
-    `tools` are the harness's tool schemas; stored trajectories do not record them.
+    `tools` are the tool schemas the policy was offered (`Trajectory.tools`).
     Raises TemplateError when a rendered prefix does not begin the next one.
     """
     tokenizer = chat.tokenizer
