@@ -4,6 +4,7 @@ chat template, the real server and episode client, real subprocesses."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -82,6 +83,45 @@ def test_sft_on_eval_output_lowers_the_nll_and_writes_a_loadable_checkpoint(tmp_
     assert [(e.token_ids, e.loss_mask) for e in examples] == [
         (t.token_ids, t.loss_mask) for t in records
     ]
+
+
+def test_a_resumed_run_trains_what_an_uninterrupted_one_does(tmp_path):
+    eval_dir = tmp_path / "eval"
+    evaluated = reinforge(
+        "eval", "arithmetic", "--model", "tiny-random", "--tasks", "4", "--rollouts", "2",
+        "--max-tokens", "8", "--out", str(eval_dir),
+    )  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr
+    args = (
+        "model.name=tiny-random", f"sft.data={eval_dir}", 'sft.statuses=["ok", "truncated"]',
+        "sft.epochs=2", "sft.batch_size=4", "optim.lr=1e-3", "run.checkpoint_every=2",
+        f"run.dir={tmp_path}",
+    )  # fmt: skip
+    assert reinforge("sft", *args, "run.name=whole").returncode == 0
+    whole = tmp_path / "whole"
+    # A crash after the step-2 checkpoint: the later checkpoint is gone, a step's metrics
+    # line was written after it.
+    crashed = tmp_path / "crashed"
+    shutil.copytree(whole, crashed)
+    shutil.rmtree(crashed / "checkpoints" / "step_00004")
+    lines = (crashed / "metrics.jsonl").read_text().splitlines()
+    (crashed / "metrics.jsonl").write_text("\n".join(lines[:3]) + "\n")
+
+    again = reinforge("sft", *args, "run.name=crashed")
+    assert again.returncode == 2 and "--resume" in again.stderr
+    resumed = reinforge("sft", *args, "run.name=crashed", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+
+    def rows(run: Path) -> list[dict]:
+        return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+    assert [r["step"] for r in rows(crashed)] == [0, 1, 2, 3]
+    for ours, theirs in zip(rows(crashed), rows(whole), strict=True):
+        assert ours["nll"] == pytest.approx(theirs["nll"], rel=1e-5)
+    final = [AutoModelForCausalLM.from_pretrained(r / "checkpoints" / "step_00004")
+             for r in (whole, crashed)]  # fmt: skip
+    for (name, a), b in zip(final[0].named_parameters(), final[1].parameters(), strict=True):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5, msg=name)
 
 
 class ScriptedEngine(Engine):

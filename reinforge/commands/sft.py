@@ -18,6 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="dotted overrides, e.g. sft.data=runs/eval-arith sft.min_reward=1 optim.lr=1e-5",
     )
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the run from its last checkpoint"
+    )
     parser.set_defaults(func=run)
 
 
@@ -48,5 +51,5 @@ def run(args: argparse.Namespace) -> int:
             soft_wrap=True,
         )
 
-    train_sft(config, data.examples, show)
+    train_sft(config, data.examples, show, resume=args.resume)
     return 0

@@ -31,7 +31,7 @@ from reinforge.errors import UsageError
 from reinforge.policy.chat import ChatFormat, TemplateError
 from reinforge.rollout.checks import masked_spans
 from reinforge.train.batching import TrainBatch
-from reinforge.train.checkpoints import write_checkpoint
+from reinforge.train.checkpoints import latest_checkpoint, load_trainer_state, write_checkpoint
 from reinforge.train.config import PPOClipLoss, SFTLoss
 from reinforge.train.trainable import load_trainable
 from reinforge.train.trainer import Trainer
@@ -311,21 +311,39 @@ def sft_config(config: Config, examples: int) -> Config:
 
 
 def train_sft(
-    config: Config, examples: list[Example], on_step: Callable[[dict[str, Any]], None]
+    config: Config,
+    examples: list[Example],
+    on_step: Callable[[dict[str, Any]], None],
+    resume: bool = False,
 ) -> Path:
-    """Train `config.sft.epochs` epochs over `examples` (config from `sft_config`); returns
-    the run directory."""
-    run_dir = _start_run(config)
+    """Train `config.sft.epochs` epochs over `examples` (config from `sft_config`), or what
+    is left of them after the run's last checkpoint; returns the run directory."""
+    run_dir = config.run_dir
+    checkpoint = latest_checkpoint(run_dir) if resume else None
+    if resume and checkpoint is None:
+        raise UsageError(f"nothing to resume: no checkpoint in {run_dir}")
     torch.manual_seed(config.run.seed)  # LoRA's initial adapters
-    model, tokenizer = load_trainable(config.model.name, config.trainer)
+    model, tokenizer = load_trainable(config.model.name, config.trainer, checkpoint)
     trainer = Trainer(model, config.trainer, config.optim, total_steps=config.run.steps)
+    start = 0
+    if checkpoint is not None:
+        state = load_trainer_state(checkpoint)
+        if state["examples"] != len(examples):
+            raise UsageError(
+                f"cannot resume {run_dir}: it trained on {state['examples']} examples, "
+                f"the data now gives {len(examples)}"
+            )
+        trainer.load_state_dict(state)
+        start = state["step"]
+    _start_run(config, start)
     schedule = [
         (epoch, rows)
         for epoch in range(config.sft.epochs)
         for rows in epoch_batches(len(examples), config.sft.batch_size, config.run.seed, epoch)
     ]
     with (run_dir / "metrics.jsonl").open("a", encoding="utf-8") as metrics_file:
-        for step, (epoch, rows) in enumerate(schedule):
+        for step in range(start, len(schedule)):
+            epoch, rows = schedule[step]
             started = time.perf_counter()
             trained = trainer.step(train_batch([examples[row] for row in rows]))
             metrics = _step_metrics(step, epoch, len(rows), trained, started)
@@ -333,21 +351,31 @@ def train_sft(
             metrics_file.flush()
             done = step + 1
             if done % config.run.checkpoint_every == 0 or done == len(schedule):
-                state = {"step": done, **trainer.state_dict()}
+                state = {"step": done, "examples": len(examples), **trainer.state_dict()}
                 write_checkpoint(run_dir, done, model, tokenizer, state)
             on_step(metrics)
     return run_dir
 
 
-def _start_run(config: Config) -> Path:
-    """The run directory with config.json; never one that already holds a run."""
+def _start_run(config: Config, start: int) -> None:
+    """The run directory with config.json. A fresh run never reuses one that holds a run;
+    a resumed one drops the metrics of the steps after its checkpoint, run again now."""
     run_dir = config.run_dir
     metrics = run_dir / "metrics.jsonl"
-    if metrics.exists() and metrics.stat().st_size > 0:
-        raise UsageError(f"{run_dir} already holds a run: choose another run.name")
+    if start == 0 and metrics.exists() and metrics.stat().st_size > 0:
+        raise UsageError(
+            f"{run_dir} already holds a run: pass --resume to continue it, "
+            "or choose another run.name"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(config.model_dump_json(indent=2) + "\n")
-    return run_dir
+    if metrics.exists():
+        kept = [
+            line
+            for line in metrics.read_text(encoding="utf-8").splitlines()
+            if line.strip() and json.loads(line)["step"] < start
+        ]
+        metrics.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
 
 
 def _step_metrics(
