@@ -48,6 +48,8 @@ from reinforge.orchestrate.sync import task_seed
 from reinforge.policy.chat import ChatFormat
 from reinforge.policy.models import default_model_folder, load_model
 from reinforge.policy.specs import DEFAULT_MODEL
+from reinforge.rollout.store import read_trajectories
+from reinforge.types import Status
 
 REPO = Path(__file__).resolve().parent.parent
 TRL_VERSION = "1.16.0"
@@ -328,21 +330,17 @@ def run_reinforge(args: argparse.Namespace, scratch: Path) -> SystemRun:
 
 
 def _reinforge_rollouts(path: Path) -> list[Rollout]:
-    rollouts = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        trajectory = json.loads(line)
-        sampled = sum(trajectory["loss_mask"])
-        rollouts.append(
-            Rollout(
-                group=trajectory["group_id"],
-                prompt_tokens=len(trajectory["token_ids"]) - sampled,  # single turn
-                completion_tokens=sampled,
-                reward=trajectory["reward"],
-                prompt=_user_text(trajectory["messages"]),
-                usable=trajectory["status"] in ("ok", "truncated"),
-            )
+    return [
+        Rollout(
+            group=t.group_id,
+            prompt_tokens=len(t.token_ids) - t.completion_tokens,  # single turn
+            completion_tokens=t.completion_tokens,
+            reward=t.reward,
+            prompt=_user_text(t.messages),
+            usable=t.status in (Status.OK, Status.TRUNCATED),
         )
-    return rollouts
+        for t in (read_trajectories(path) if path.exists() else [])
+    ]
 
 
 def _user_text(messages: list[dict[str, Any]]) -> str:

@@ -45,13 +45,18 @@ def reinforge(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_sft_on_eval_output_lowers_the_nll_and_writes_a_loadable_checkpoint(tmp_path):
-    eval_dir = tmp_path / "eval"
+def evaluate(out: Path, max_tokens: int) -> Path:
+    """Trajectories of the tiny model on 4 arithmetic tasks x 2, written by `reinforge eval`."""
     evaluated = reinforge(
         "eval", "arithmetic", "--model", "tiny-random", "--tasks", "4", "--rollouts", "2",
-        "--max-tokens", "16", "--out", str(eval_dir),
+        "--max-tokens", str(max_tokens), "--out", str(out),
     )  # fmt: skip
     assert evaluated.returncode == 0, evaluated.stderr
+    return out
+
+
+def test_sft_on_eval_output_lowers_the_nll_and_writes_a_loadable_checkpoint(tmp_path):
+    eval_dir = evaluate(tmp_path / "eval", max_tokens=16)
     trained = reinforge(
         "sft", "model.name=tiny-random", f"sft.data={eval_dir}",
         'sft.statuses=["ok", "truncated"]',  # a random model rarely ends its turn
@@ -86,12 +91,7 @@ def test_sft_on_eval_output_lowers_the_nll_and_writes_a_loadable_checkpoint(tmp_
 
 
 def test_a_resumed_run_trains_what_an_uninterrupted_one_does(tmp_path):
-    eval_dir = tmp_path / "eval"
-    evaluated = reinforge(
-        "eval", "arithmetic", "--model", "tiny-random", "--tasks", "4", "--rollouts", "2",
-        "--max-tokens", "8", "--out", str(eval_dir),
-    )  # fmt: skip
-    assert evaluated.returncode == 0, evaluated.stderr
+    eval_dir = evaluate(tmp_path / "eval", max_tokens=8)
     args = (
         "model.name=tiny-random", f"sft.data={eval_dir}", 'sft.statuses=["ok", "truncated"]',
         "sft.epochs=2", "sft.batch_size=4", "optim.lr=1e-3", "run.checkpoint_every=2",

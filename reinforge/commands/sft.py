@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
+
+from reinforge.commands.config_args import add_config_arguments
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "sft", help="fine-tune a model on stored trajectories (SFT warm-up)"
     )
-    parser.add_argument("config", type=Path, nargs="?", help="TOML config (only overrides)")
-    parser.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="KEY=VALUE",
-        help="dotted overrides, e.g. sft.data=runs/eval-arith sft.min_reward=1 optim.lr=1e-5",
-    )
-    parser.add_argument(
-        "--resume", action="store_true", help="continue the run from its last checkpoint"
-    )
+    add_config_arguments(parser, "sft.data=runs/eval-arith sft.min_reward=1 optim.lr=1e-5")
     parser.set_defaults(func=run)
 
 

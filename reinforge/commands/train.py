@@ -4,21 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from pathlib import Path
+
+from reinforge.commands.config_args import add_config_arguments
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("train", help="train a model with RL on an environment")
-    parser.add_argument("config", type=Path, nargs="?", help="TOML config (only overrides)")
-    parser.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="KEY=VALUE",
-        help="dotted overrides, e.g. run.steps=40 optim.lr=2e-5",
-    )
-    parser.add_argument(
-        "--resume", action="store_true", help="continue the run from its last checkpoint"
-    )
+    add_config_arguments(parser, "run.steps=40 optim.lr=2e-5")
     parser.set_defaults(func=run)
 
 

@@ -13,8 +13,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from reinforge.config import Config
-from reinforge.errors import UsageError
-from reinforge.train.checkpoints import write_checkpoint
+from reinforge.train.checkpoints import open_run, write_checkpoint
 from reinforge.train.trainer import Selection, Trainer
 from reinforge.types import Group
 
@@ -26,22 +25,8 @@ class RunRecorder:
         self.config = config
         self.tokenizer = tokenizer
         self.directory = config.run_dir
-        metrics = self.directory / "metrics.jsonl"
-        if start_step == 0 and metrics.exists() and metrics.stat().st_size > 0:
-            raise UsageError(
-                f"{self.directory} already holds a run: pass --resume to continue it, "
-                "or choose another run.name"
-            )
-        (self.directory / "trajectories").mkdir(parents=True, exist_ok=True)
-        (self.directory / "config.json").write_text(config.model_dump_json(indent=2) + "\n")
-        if metrics.exists():  # steps after the checkpoint are run again: drop their lines
-            kept = [
-                line
-                for line in metrics.read_text(encoding="utf-8").splitlines()
-                if line.strip() and json.loads(line)["step"] < start_step
-            ]
-            metrics.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
-        self._metrics = metrics.open("a", encoding="utf-8")
+        self._metrics = open_run(self.directory, config.model_dump_json(indent=2), start_step)
+        (self.directory / "trajectories").mkdir(exist_ok=True)
 
     def record(
         self, step: int, groups: list[Group], metrics: dict[str, Any], trainer: Trainer

@@ -1,4 +1,5 @@
-"""Checkpoints: a complete Hugging Face model plus what resuming needs, written atomically.
+"""Checkpoints: a complete Hugging Face model plus what resuming needs, written atomically;
+and the run directory a resumed run continues.
 
 `<run>/checkpoints/step_NNNNN/` holds the model (loadable by transformers and vLLM, LoRA
 merged, see `trainable.save_model`), the tokenizer, and `trainer_state.pt` (step, policy
@@ -7,13 +8,15 @@ version, optimizer, schedule and RNG state). RL and SFT runs write the same layo
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from reinforge.errors import UsageError
 from reinforge.train.trainable import save_model
 
 TRAINER_STATE = "trainer_state.pt"
@@ -48,3 +51,25 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
     return torch.load(checkpoint / TRAINER_STATE, weights_only=False)
+
+
+def open_run(run_dir: Path, config_json: str, start_step: int) -> TextIO:
+    """`run_dir` with config.json; returns metrics.jsonl open for appending. A fresh run
+    never reuses a directory that holds a run; a resumed one drops the metrics of the steps
+    after its checkpoint, which run again."""
+    metrics = run_dir / "metrics.jsonl"
+    if start_step == 0 and metrics.exists() and metrics.stat().st_size > 0:
+        raise UsageError(
+            f"{run_dir} already holds a run: pass --resume to continue it, "
+            "or choose another run.name"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(config_json + "\n")
+    if metrics.exists():
+        kept = [
+            line
+            for line in metrics.read_text(encoding="utf-8").splitlines()
+            if line.strip() and json.loads(line)["step"] < start_step
+        ]
+        metrics.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+    return metrics.open("a", encoding="utf-8")

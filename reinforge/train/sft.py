@@ -31,7 +31,12 @@ from reinforge.errors import UsageError
 from reinforge.policy.chat import ChatFormat, TemplateError
 from reinforge.rollout.checks import masked_spans
 from reinforge.train.batching import TrainBatch
-from reinforge.train.checkpoints import latest_checkpoint, load_trainer_state, write_checkpoint
+from reinforge.train.checkpoints import (
+    latest_checkpoint,
+    load_trainer_state,
+    open_run,
+    write_checkpoint,
+)
 from reinforge.train.config import PPOClipLoss, SFTLoss
 from reinforge.train.trainable import load_trainable
 from reinforge.train.trainer import Trainer
@@ -335,13 +340,12 @@ def train_sft(
             )
         trainer.load_state_dict(state)
         start = state["step"]
-    _start_run(config, start)
     schedule = [
         (epoch, rows)
         for epoch in range(config.sft.epochs)
         for rows in epoch_batches(len(examples), config.sft.batch_size, config.run.seed, epoch)
     ]
-    with (run_dir / "metrics.jsonl").open("a", encoding="utf-8") as metrics_file:
+    with open_run(run_dir, config.model_dump_json(indent=2), start) as metrics_file:
         for step in range(start, len(schedule)):
             epoch, rows = schedule[step]
             started = time.perf_counter()
@@ -355,27 +359,6 @@ def train_sft(
                 write_checkpoint(run_dir, done, model, tokenizer, state)
             on_step(metrics)
     return run_dir
-
-
-def _start_run(config: Config, start: int) -> None:
-    """The run directory with config.json. A fresh run never reuses one that holds a run;
-    a resumed one drops the metrics of the steps after its checkpoint, run again now."""
-    run_dir = config.run_dir
-    metrics = run_dir / "metrics.jsonl"
-    if start == 0 and metrics.exists() and metrics.stat().st_size > 0:
-        raise UsageError(
-            f"{run_dir} already holds a run: pass --resume to continue it, "
-            "or choose another run.name"
-        )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(config.model_dump_json(indent=2) + "\n")
-    if metrics.exists():
-        kept = [
-            line
-            for line in metrics.read_text(encoding="utf-8").splitlines()
-            if line.strip() and json.loads(line)["step"] < start
-        ]
-        metrics.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
 
 
 def _step_metrics(
