@@ -325,10 +325,15 @@ class LocalSandbox:
     # ---------------------------------------------------------------- lifecycle
 
     async def _start(self) -> None:
-        """Handshake with the helper: write its uid map, learn pid 1, wait for ready."""
+        """Handshake with the helper: write its uid map, learn pid 1, wait for ready.
+
+        pid 1 sends READY itself while its parent sends PID, so on busy cores READY can
+        arrive first; the handshake ends only when both have.
+        """
         assert self._outer is not None and self._channel is not None
         outer, channel = self._outer, self._channel
-        while True:
+        ready = False
+        while not (ready and self.init_pid is not None):
             kind, value, tail = await channel.next_setup_message()
             if kind == wire.K_MAP:
                 self._provider.write_id_maps(outer[0])
@@ -337,7 +342,7 @@ class LocalSandbox:
                 self.init_pid, self._init_start = value, reaper.start_time(value)
                 reaper.record(self.state_dir, self.cgroup, self.init_pid, self._init_start)
             elif kind == wire.K_READY:
-                break
+                ready = True
             elif kind == wire.K_FAIL:
                 raise SandboxError(f"sandbox setup failed: {tail.decode(errors='replace')}")
             elif self.cgroup is not None and self.cgroup.oom_kills():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import tarfile
 
@@ -17,6 +18,8 @@ from reinforge.sandbox import (
     SandboxPaused,
     SandboxSpec,
 )
+from reinforge.sandbox import _helper as wire
+from reinforge.sandbox.channel import Channel
 from reinforge.sandbox.reaper import pid_namespace_members
 
 from .helpers import host_pid_alive, make_tar, needs_python3
@@ -146,6 +149,33 @@ async def test_cancelled_create_leaks_nothing(provider: LocalProvider) -> None:
         await sandbox.close()  # finished before the cancel landed
     assert set(provider.state_dir.iterdir()) == before
     assert not [s for s in provider.live.values() if s.state_dir not in before]
+
+
+async def test_ready_before_pid_still_learns_pid_1(provider: LocalProvider, monkeypatch) -> None:
+    """pid 1 and its parent report on one socket; busy cores can deliver READY first."""
+    real = Channel.next_setup_message
+    held: dict[Channel, tuple[int, int, bytes]] = {}
+
+    async def ready_first(channel: Channel) -> tuple[int, int, bytes]:
+        message = await real(channel)
+        if message[0] == wire.K_PID and channel not in held:
+            held[channel] = message
+            message = await real(channel)
+            assert message[0] == wire.K_READY
+            channel._setup.put_nowait(held[channel])
+        return message
+
+    monkeypatch.setattr(Channel, "next_setup_message", ready_first)
+    sandbox = await provider.create()
+    try:
+        assert held, "the handshake never saw PID"
+        assert sandbox.init_pid is not None
+        assert sandbox.init_pid in pid_namespace_members(sandbox.init_pid)
+        meta = json.loads((sandbox.state_dir / "meta.json").read_text())
+        assert meta["init_pid"] == sandbox.init_pid  # recorded, so a crash is reaped
+        assert (await sandbox.exec("echo ok")).stdout == b"ok\n"
+    finally:
+        await sandbox.close()
 
 
 async def test_lifetime_closes_the_sandbox(provider: LocalProvider) -> None:
