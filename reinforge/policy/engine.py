@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import Cache
 
+from reinforge.policy.kv_cache import roomy_cache
 from reinforge.policy.models import load_model
 from reinforge.policy.prefix_cache import PrefixCache, PrefixHit
 from reinforge.policy.sampling import RowSampler, SamplingParams, sample
@@ -310,10 +312,10 @@ class _Batch:
 
     def __init__(self) -> None:
         self.requests: list[_Request] = []
-        self.cache: DynamicCache | None = None
+        self.cache: Cache | None = None
         self.mask = torch.zeros((0, 0), dtype=torch.long)  # (B, L)
 
-    def merge(self, arrivals: list[_Request], cache: DynamicCache, mask: torch.Tensor) -> None:
+    def merge(self, arrivals: list[_Request], cache: Cache, mask: torch.Tensor) -> None:
         if self.cache is None or not self.requests:
             self.requests, self.cache, self.mask = list(arrivals), cache, mask
             return
@@ -354,9 +356,9 @@ def _fail(requests: list[_Request], error: BaseException) -> None:
             request.future.set_exception(error)
 
 
-def _cache_with_prefixes(hits: list[PrefixHit | None], width: int) -> DynamicCache:
+def _cache_with_prefixes(hits: list[PrefixHit | None], width: int) -> Cache:
     """A cache holding each row's cached prefix, right-aligned in `width` columns."""
-    cache = DynamicCache()
+    cache = roomy_cache()
     found = [hit for hit in hits if hit is not None]
     if not found:
         return cache

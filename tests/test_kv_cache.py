@@ -1,0 +1,64 @@
+"""The engine's KV cache: the same states as transformers' own, without a copy per token."""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from reinforge.policy.kv_cache import ROOM, RoomyLayer, roomy_cache
+from reinforge.policy.models import load_model
+
+
+def test_decoding_through_room_equals_the_dynamic_cache() -> None:
+    model, _ = load_model("tiny-random")
+    torch.manual_seed(0)
+    prompt = torch.randint(0, 1000, (3, 7))  # (B, P)
+    caches = {"dynamic": DynamicCache(), "roomy": roomy_cache()}
+    logits: dict[str, list[torch.Tensor]] = {name: [] for name in caches}
+    with torch.inference_mode():
+        for name, cache in caches.items():
+            ids = prompt
+            for _ in range(ROOM + 5):  # runs out of room once
+                out = model(input_ids=ids, cache=cache, use_cache=True)
+                logits[name].append(out.logits[:, -1])
+                ids = out.logits[:, -1:].argmax(dim=-1)  # (B, 1)
+    for dynamic, roomy in zip(logits["dynamic"], logits["roomy"], strict=True):
+        torch.testing.assert_close(roomy, dynamic, rtol=0, atol=0)
+    for dynamic, roomy in zip(caches["dynamic"].layers, caches["roomy"].layers, strict=True):
+        assert isinstance(roomy, RoomyLayer)
+        assert roomy.keys.shape[-2] == 7 + ROOM + 4  # every fed token is cached
+        torch.testing.assert_close(roomy.keys, dynamic.keys, rtol=0, atol=0)
+        torch.testing.assert_close(roomy.values, dynamic.values, rtol=0, atol=0)
+
+
+def test_appends_write_in_place_until_the_room_is_full() -> None:
+    layer = RoomyLayer()
+    states = torch.randn(2, 3, 5, 4)  # (B, H, L, D)
+    keys, _ = layer.update(states, states)
+    start = keys.data_ptr()
+    for step in range(ROOM):
+        new = torch.full((2, 3, 1, 4), float(step))
+        keys, _ = layer.update(new, new)
+        assert keys.data_ptr() == start  # no copy
+        assert torch.equal(keys[:, :, -1:], new)
+    torch.testing.assert_close(keys[:, :, :5], states, rtol=0, atol=0)
+    keys, _ = layer.update(new, new)  # the room is full: a new one holds everything
+    assert keys.data_ptr() != start
+    assert keys.shape == (2, 3, 5 + ROOM + 1, 4)
+    torch.testing.assert_close(keys[:, :, :5], states, rtol=0, atol=0)
+
+
+def test_states_replaced_from_outside_get_new_room() -> None:
+    """The engine's merge and retire assign `keys`/`values`; the room must not outlive them."""
+    layer = RoomyLayer()
+    layer.update(torch.zeros(4, 1, 3, 2), torch.zeros(4, 1, 3, 2))
+    kept = torch.ones(2, 1, 3, 2)  # two rows retired: a fresh, smaller tensor
+    layer.keys, layer.values = kept.clone(), kept.clone()
+    new = torch.full((2, 1, 1, 2), 2.0)
+    keys, values = layer.update(new, new)
+    assert keys.shape == values.shape == (2, 1, 4, 2)
+    assert torch.equal(keys[:, :, :3], kept) and torch.equal(keys[:, :, 3:], new)
+    layer.crop(-2)  # a shorter view of the same room: the next column overwrites the cut
+    keys, _ = layer.update(new * 2, new * 2)
+    assert keys.shape == (2, 1, 3, 2)
+    assert torch.equal(keys[:, :, :2], kept[:, :, :2]) and torch.equal(keys[:, :, 2:], new * 2)
