@@ -27,7 +27,9 @@ class ModelConfig(_Section):
     name: str = DEFAULT_MODEL
     """smollm2-135m, tiny-random, or a local Hugging Face model folder."""
     sampler_dtype: Literal["float32", "bfloat16"] = "float32"
-    """Precision the engine samples in; the trainer keeps fp32 weights."""
+    """Precision the engine samples in; the trainer keeps fp32 weights. bfloat16 samples
+    faster but from rounded weights, whose rounding noise outgrows small learning-rate
+    updates: on the main job it learned less (benchmarks/README.md)."""
 
 
 class EnvConfig(_Section):
