@@ -8,12 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from envs.scripted import ScriptedClient
-
 from reinforge.envs.registry import load_environment
 from reinforge.policy.client import PolicyClient, SamplingDefaults
 from reinforge.rollout.generator import RolloutSettings, generate_groups
 from reinforge.types import Status
+
+from .envs.scripted import ScriptedClient
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = str(ROOT / "examples" / "sandbox_env.py")

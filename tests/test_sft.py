@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,21 +26,11 @@ from reinforge.rollout.store import read_trajectories
 from reinforge.train.sft import epoch_batches, load_data, render_messages, to_example
 from reinforge.types import Status, Trajectory
 
-ROOT = Path(__file__).resolve().parents[1]
+from .commands import reinforge
 
 TOOL_CALL = (
     '<tool_call>\n{"name": "calculate", "arguments": {"expression": "12 * 34"}}\n</tool_call>'
 )
-
-
-def reinforge(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "reinforge", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
 
 
 def evaluate(out: Path, max_tokens: int) -> Path:

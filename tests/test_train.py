@@ -22,8 +22,7 @@ from reinforge.rollout.generator import RolloutSettings, generate_groups
 from reinforge.train.trainer import Trainer, select_for_training
 from reinforge.types import Group, Status, Task, Trajectory
 
-ROOT = Path(__file__).resolve().parents[1]
-LENGTH_ENV = str(ROOT / "tests" / "data" / "length_env.py")
+from .commands import LENGTH_ENV, ROOT, tiny_train
 
 
 def test_a_tiny_run_writes_metrics_trajectories_and_loadable_checkpoints(tmp_path):
@@ -128,20 +127,7 @@ def test_train_cli_reports_config_errors_with_exit_2(tmp_path):
 
 def _train(run_dir: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "reinforge",
-            "train",
-            "model.name=tiny-random",
-            f"env.name={LENGTH_ENV}",
-            "run.steps=4",
-            f"run.dir={run_dir}",
-            "run.name=r",
-            "rollout.tasks_per_step=2",
-            "run.checkpoint_every=2",
-            *extra,
-        ],
+        tiny_train(run_dir, "run.steps=4", "run.checkpoint_every=2", *extra),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

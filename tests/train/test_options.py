@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,8 +22,7 @@ from reinforge.train.trainable import full_weights, load_trainable
 from reinforge.train.trainer import Trainer, select_for_training
 from reinforge.types import Group, Status, Task, Trajectory
 
-ROOT = Path(__file__).resolve().parents[2]
-LENGTH_ENV = str(ROOT / "tests" / "data" / "length_env.py")
+from ..commands import LENGTH_ENV, tiny_train
 
 
 @pytest.fixture
@@ -169,22 +167,7 @@ def test_truncated_completions_follow_the_policy(policy, trained, advantages):
 
 def _run(tmp_path: Path, *extra: str) -> Path:
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "reinforge",
-            "train",
-            "model.name=tiny-random",
-            f"env.name={LENGTH_ENV}",
-            "run.steps=2",
-            f"run.dir={tmp_path}",
-            "run.name=r",
-            "rollout.tasks_per_step=2",
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+        tiny_train(tmp_path, *extra), capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0, result.stderr
     return tmp_path / "r"
