@@ -51,20 +51,25 @@ def _append(
     `new` after it. Returns the view (B, H, L + N, D) and the room behind it.
     """
     length, added = (states.shape[-2] if states.numel() else 0), new.shape[-2]
-    fits = (
-        room is not None
-        and length > 0
-        and states.data_ptr() == room.data_ptr()
-        and states.stride() == room.stride()
-        and states.shape[:2] == room.shape[:2]
-        and room.shape[-2] >= length + added
-        and room.dtype == new.dtype
-    )
-    if not fits:
+    if room is None or not _is_prefix_of(states, room, length + added, new.dtype):
         batch, heads, _, dim = new.shape
         room = new.new_empty((batch, heads, length + added + ROOM, dim))
         if length:
             room[:, :, :length] = states
-    assert room is not None
     room[:, :, length : length + added] = new
     return room[:, :, : length + added], room
+
+
+def _is_prefix_of(
+    states: torch.Tensor, room: torch.Tensor, needed: int, dtype: torch.dtype
+) -> bool:
+    """Whether `states` is a non-empty view of `room`'s first columns, and `room` holds
+    `needed` columns of `dtype`."""
+    return (
+        states.numel() > 0
+        and states.data_ptr() == room.data_ptr()
+        and states.stride() == room.stride()
+        and states.shape[:2] == room.shape[:2]
+        and room.shape[-2] >= needed
+        and room.dtype == dtype
+    )
