@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 import reinforge
+from reinforge.commands import sandbox as sandbox_cmd
 from reinforge.errors import UsageError
-from reinforge.sandbox import LocalProvider, cli
+from reinforge.sandbox import LocalProvider
 
 
 def run_cli(*argv: str) -> int:
     parser = argparse.ArgumentParser(prog="reinforge")
-    cli.register(parser.add_subparsers(dest="command", required=True))
+    sandbox_cmd.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.func(args)
 
@@ -66,10 +67,10 @@ def test_run_rejects_user_mistakes(argv: tuple[str, ...], message: str) -> None:
 
 
 def test_parse_size() -> None:
-    assert cli.parse_size("256M") == 256 << 20
-    assert cli.parse_size("1g") == 1 << 30
-    assert cli.parse_size("512KiB") == 512 << 10
-    assert cli.parse_size("1000") == 1000
+    assert sandbox_cmd.parse_size("256M") == 256 << 20
+    assert sandbox_cmd.parse_size("1g") == 1 << 30
+    assert sandbox_cmd.parse_size("512KiB") == 512 << 10
+    assert sandbox_cmd.parse_size("1000") == 1000
 
 
 def test_bench_prints_a_table_and_writes_json(tmp_path: Path, capfd) -> None:
