@@ -199,7 +199,11 @@ def test_micro_batch_losses_and_gradients_add_up_to_the_whole_batch(tiny_model, 
         micro = batch.select(rows)
         total += loss_of(micro, weights=weights[rows, : micro.width])[0]
 
-    torch.testing.assert_close(total, whole, atol=1e-6, rtol=0)
+    # Equal up to summation order, which differs between CPUs' kernels: the tolerance is
+    # a float32 rounding budget scaled to each tensor, far below what a wrong weighting of
+    # any row or token would change.
+    torch.testing.assert_close(total, whole, atol=1e-5 * float(whole.abs()), rtol=0)
     for param, whole_grad in zip(tiny_model.parameters(), whole_grads, strict=True):
-        torch.testing.assert_close(param.grad, whole_grad, atol=1e-6, rtol=0)
+        scale = float(whole_grad.abs().max())
+        torch.testing.assert_close(param.grad, whole_grad, atol=1e-4 * scale, rtol=0)
     assert all(grad.abs().sum() > 0 for grad in whole_grads)
