@@ -45,19 +45,19 @@ def sampled_batch(model: Any, tokenizer: Any) -> Any:
     import asyncio
 
     from reinforge.envs.registry import load_environment
-    from reinforge.policy.client import PolicyClient, SamplingDefaults
+    from reinforge.policy.client import PolicyClient
+    from reinforge.policy.config import EngineConfig, SamplingConfig
     from reinforge.policy.engine import Engine
-    from reinforge.rollout.generator import RolloutSettings, generate_groups
+    from reinforge.rollout.config import RolloutConfig
+    from reinforge.rollout.generator import generate_groups
     from reinforge.train.batching import TrainBatch
 
     async def sample() -> list[Any]:
         env = load_environment("arithmetic", difficulty=1)
-        engine = Engine(model, tokenizer, name="smollm2-135m")
-        client = PolicyClient.for_engine(engine, SamplingDefaults(max_tokens=48))
+        engine = Engine(model, tokenizer, "smollm2-135m", EngineConfig())
+        client = PolicyClient.for_engine(engine, SamplingConfig())
         try:
-            return await generate_groups(
-                env, env.tasks(8, seed=0), client, RolloutSettings(4, seed=0)
-            )
+            return await generate_groups(env, env.tasks(8, seed=0), client, RolloutConfig(), 4, 0)
         finally:
             await client.close()
             engine.close()
@@ -72,13 +72,13 @@ def one_option(overrides: list[str], steps: int) -> dict[str, Any]:
     """Runs in the child: time `steps` trainer steps; compare log-probs with the sampler's."""
     import torch
 
-    from reinforge.config import load_config
+    from reinforge.config import Config, load_config
     from reinforge.train.logprobs import selective_logprobs
     from reinforge.train.trainable import load_trainable
     from reinforge.train.trainer import Trainer
 
     torch.manual_seed(0)
-    config = load_config(None, overrides)
+    config = load_config(Config, None, overrides)
     model, tokenizer = load_trainable("smollm2-135m", config.trainer)
     batch = sampled_batch(model, tokenizer)
     bf16 = config.trainer.precision == "bfloat16"

@@ -21,7 +21,7 @@ Reproduce (about 30 minutes on the 2-vCPU machine):
 
 Options: `--only trl|reinforge`, `--trl-bf16`, `--trl-gradient-checkpointing` (TRL
 1.16's own default, off here so that the settings are identical), `--reinforge KEY=VALUE`
-(repeatable, e.g. `--reinforge model.sampler_dtype=bfloat16`), `--threads`, `--seed`.
+(repeatable, e.g. `--reinforge engine.dtype=bfloat16`), `--threads`, `--seed`.
 The TRL side is `benchmarks/trl_grpo.py`.
 """
 
@@ -72,9 +72,9 @@ REINFORGE_EXPECTED: dict[str, Any] = {
     "env.args": ENV_ARGS,
     "rollout.tasks_per_step": PROMPTS_PER_STEP,
     "rollout.rollouts_per_task": GROUP_SIZE,
-    "rollout.max_tokens": MAX_TOKENS,
-    "rollout.temperature": 1.0,
-    "rollout.top_p": 1.0,
+    "env.max_tokens_per_turn": MAX_TOKENS,
+    "rollout.sampling.temperature": 1.0,
+    "rollout.sampling.top_p": 1.0,
     "optim.lr": LR,
     "optim.schedule": "constant",
     "optim.warmup_steps": 0,

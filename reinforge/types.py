@@ -1,4 +1,4 @@
-"""The shared vocabulary (see DESIGN.md): Task, Trajectory, Group and their parts.
+"""The shared vocabulary: Task, Trajectory, Group and their parts, and the config section.
 
 Data only. These models cross process boundaries (JSONL run files, HTTP), so they are
 pydantic models that serialise as plain JSON.
@@ -13,6 +13,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 Message = dict[str, Any]
 """An OpenAI chat message: `{"role": ..., "content": ..., ["tool_calls": ...]}`."""
+
+
+class Section(BaseModel):
+    """A section of a config tree: unknown keys are rejected, and each field's docstring
+    is its description (command help and the config reference read it from there)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class Task(BaseModel):

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from reinforge.policy.chat import ChatFormat
+from reinforge.policy.config import EngineConfig
 from reinforge.policy.engine import Completion, Engine
 from reinforge.policy.sampling import SamplingParams
 
@@ -29,7 +30,7 @@ def tiny_engine() -> Iterator[RecordingEngine]:
     from reinforge.policy.models import load_model
 
     model, tokenizer = load_model("tiny-random")
-    engine = RecordingEngine(model, tokenizer, name="tiny-random")
+    engine = RecordingEngine(model, tokenizer, "tiny-random", EngineConfig())
     yield engine
     engine.close()
 

@@ -97,9 +97,15 @@ def test_user_environment_by_path_and_by_module(tmp_path):
         (["eval", "nosuchenv", "--model", "tiny-random"], "unknown environment 'nosuchenv'"),
         (["eval", "arithmetic", "--model", "http://127.0.0.1:9/v1"], "cannot reach"),
         (["eval", "arithmetic", "--model", "no/such/folder"], "unknown model"),
-        (["eval", "arithmetic", "--tasks", "0"], "--tasks must be at least 1"),
-        (["eval", "arithmetic", "--tasks", "many"], "invalid int value"),
-        (["eval", "arithmetic", "--env-arg", "novalue"], "KEY=VALUE"),
+        (
+            ["eval", "arithmetic", "--tasks", "0"],
+            "--tasks: Input should be greater than or equal to 1",
+        ),
+        (["eval", "arithmetic", "--tasks", "many"], "--tasks: Input should be a valid integer"),
+        (["eval", "arithmetic", "--env-arg", "novalue"], "--env-arg takes NAME=VALUE"),
+        (["eval", "arithmetic", "--config", "nosuch.toml"], "cannot read config nosuch.toml"),
+        (["eval", "arithmetic", "rollout.bogus=1"], "config rollout.bogus: unknown key"),
+        (["serve", "--port", "-1"], "--port: Input should be greater than or equal to 0"),
         (
             ["eval", "arithmetic", "--model", "tiny-random", "--env-arg", "bogus=1"],
             "rejected its arguments",

@@ -5,6 +5,11 @@ import torch
 from reinforge.policy.sampling import SamplingParams
 
 
+def sampling(**settings: object) -> SamplingParams:
+    """Plain sampling (temperature 1, top_p 1) with the given settings changed."""
+    return SamplingParams(**{"max_tokens": 8, "temperature": 1.0, "top_p": 1.0, **settings})  # type: ignore[arg-type]
+
+
 def teacher_forced_logprobs(engine, prompt: list[int], completion: list[int]) -> torch.Tensor:
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
@@ -20,7 +25,7 @@ async def test_concurrent_requests_get_the_logprobs_of_their_own_context(tiny_en
     # Prompts of different lengths join the batch at different times; each completion's
     # log-probs must match a plain forward pass over that sequence alone.
     prompts = [list(range(5, 5 + n)) for n in (3, 11, 7, 20)]
-    params = [SamplingParams(max_tokens=m, seed=i) for i, m in enumerate((9, 4, 12, 6))]
+    params = [sampling(max_tokens=m, seed=i) for i, m in enumerate((9, 4, 12, 6))]
 
     async def staggered(i: int):
         await asyncio.sleep(0.01 * i)
@@ -36,19 +41,19 @@ async def test_concurrent_requests_get_the_logprobs_of_their_own_context(tiny_en
 
 async def test_seeded_requests_repeat(tiny_engine):
     prompt = [10, 20, 30]
-    first = await tiny_engine.generate(prompt, SamplingParams(max_tokens=6, seed=5))
-    second = await tiny_engine.generate(prompt, SamplingParams(max_tokens=6, seed=5))
+    first = await tiny_engine.generate(prompt, sampling(max_tokens=6, seed=5))
+    second = await tiny_engine.generate(prompt, sampling(max_tokens=6, seed=5))
     assert first.token_ids == second.token_ids
 
 
 async def test_stop_string_ends_generation(tiny_engine):
     # Greedy decoding is deterministic: generate once, then stop at a piece of its text.
     prompt = [10, 20, 30]
-    full = await tiny_engine.generate(prompt, SamplingParams(max_tokens=8, temperature=0))
+    full = await tiny_engine.generate(prompt, sampling(max_tokens=8, temperature=0))
     text = tiny_engine.tokenizer.decode(full.token_ids[:3])
     stop = text[-3:]
     stopped = await tiny_engine.generate(
-        prompt, SamplingParams(max_tokens=8, temperature=0, stop=(stop,))
+        prompt, sampling(max_tokens=8, temperature=0, stop=(stop,))
     )
     assert stopped.finish_reason == "stop" and stopped.stop_text == stop
     assert stopped.token_ids == full.token_ids[: len(stopped.token_ids)]
@@ -57,14 +62,14 @@ async def test_stop_string_ends_generation(tiny_engine):
 
 async def test_update_weights_bumps_the_version_and_changes_the_policy(tiny_engine):
     prompt = [10, 20, 30]
-    before = await tiny_engine.generate(prompt, SamplingParams(max_tokens=4, temperature=0))
+    before = await tiny_engine.generate(prompt, sampling(max_tokens=4, temperature=0))
     version = tiny_engine.version
     name = "model.norm.weight"
     original = tiny_engine.model.get_parameter(name).detach().clone()
     try:
         # A zero final norm makes every logit 0, so greedy picks token 0 each time.
         assert tiny_engine.update_weights({name: torch.zeros_like(original)}) == version + 1
-        after = await tiny_engine.generate(prompt, SamplingParams(max_tokens=4, temperature=0))
+        after = await tiny_engine.generate(prompt, sampling(max_tokens=4, temperature=0))
         assert after.token_ids == [0] * 4 != before.token_ids
         assert after.policy_versions == [version + 1] * 4
     finally:
@@ -87,8 +92,8 @@ def test_identical_prompts_are_prefilled_once(tiny_engine):
     from reinforge.policy.engine import _Batch, _Request
 
     prompt = [11, 12, 13, 14]
-    requests = [_Request(prompt, SamplingParams(max_tokens=1, seed=s), Future()) for s in range(4)]
-    requests.append(_Request([9, 8], SamplingParams(max_tokens=1, seed=9), Future()))
+    requests = [_Request(prompt, sampling(max_tokens=1, seed=s), Future()) for s in range(4)]
+    requests.append(_Request([9, 8], sampling(max_tokens=1, seed=9), Future()))
     before = tiny_engine.stats.prefill_tokens
     with tiny_engine._lock, torch.inference_mode():
         tiny_engine._prefill(_Batch(), requests)
@@ -101,11 +106,11 @@ def test_identical_prompts_are_prefilled_once(tiny_engine):
 
 async def test_a_continuation_reuses_cached_states_and_keeps_exact_logprobs(tiny_engine):
     first_prompt = list(range(40, 60))
-    first = await tiny_engine.generate(first_prompt, SamplingParams(max_tokens=5, seed=3))
+    first = await tiny_engine.generate(first_prompt, sampling(max_tokens=5, seed=3))
     follow_up = first_prompt + first.token_ids + [7, 8, 9]
     cached_before = tiny_engine.stats.cached_tokens
     computed_before = tiny_engine.stats.prefill_tokens
-    second = await tiny_engine.generate(follow_up, SamplingParams(max_tokens=6, seed=4))
+    second = await tiny_engine.generate(follow_up, sampling(max_tokens=6, seed=4))
     # Everything but the last sampled token of the first turn was cached.
     assert tiny_engine.stats.cached_tokens - cached_before == len(first_prompt) + 4
     assert tiny_engine.stats.prefill_tokens - computed_before == 4
@@ -115,10 +120,10 @@ async def test_a_continuation_reuses_cached_states_and_keeps_exact_logprobs(tiny
 
 async def test_new_weights_drop_cached_states(tiny_engine):
     prompt = list(range(70, 90))
-    first = await tiny_engine.generate(prompt, SamplingParams(max_tokens=3, seed=1))
+    first = await tiny_engine.generate(prompt, sampling(max_tokens=3, seed=1))
     name = "model.norm.weight"
     weight = tiny_engine.model.get_parameter(name).detach().clone()
     tiny_engine.update_weights({name: weight})  # same values, but a new policy version
     cached_before = tiny_engine.stats.cached_tokens
-    await tiny_engine.generate(prompt + first.token_ids, SamplingParams(max_tokens=2, seed=1))
+    await tiny_engine.generate(prompt + first.token_ids, sampling(max_tokens=2, seed=1))
     assert tiny_engine.stats.cached_tokens == cached_before

@@ -7,9 +7,11 @@ import asyncio
 import pytest
 
 from reinforge.envs import Continue, Environment, Episode, Finished, Harness, Reward, Rubric
-from reinforge.policy.client import PolicyClient, SamplingDefaults
-from reinforge.rollout.checks import masked_spans, token_record_problems
-from reinforge.rollout.generator import RolloutSettings, generate_groups
+from reinforge.policy.client import PolicyClient
+from reinforge.policy.config import SamplingConfig
+from reinforge.policy.records import masked_spans, token_record_problems
+from reinforge.rollout.config import RolloutConfig
+from reinforge.rollout.generator import generate_groups
 from reinforge.types import Status, Task
 
 
@@ -39,7 +41,7 @@ def length(episode: Episode) -> float:
 
 @pytest.fixture
 def client(tiny_engine) -> PolicyClient:
-    return PolicyClient.for_engine(tiny_engine, SamplingDefaults(max_tokens=6))
+    return PolicyClient.for_engine(tiny_engine, SamplingConfig())
 
 
 async def test_multi_turn_records_are_exactly_what_the_engine_sampled(
@@ -47,7 +49,7 @@ async def test_multi_turn_records_are_exactly_what_the_engine_sampled(
 ):
     env = Chatty(Harness(max_turns=5, max_tokens_per_turn=6), Rubric(Reward(length)))
     # tiny-random never samples EOS: every turn is cut at 6 tokens and closed by the template.
-    groups = await generate_groups(env, tasks(2), client, RolloutSettings(2, seed=1))
+    groups = await generate_groups(env, tasks(2), client, RolloutConfig(), 2, 1)
     sampled_for: dict[tuple[int, ...], list[list[int]]] = {}
     for prompt, completion in tiny_engine.log:
         sampled_for.setdefault(tuple(prompt), []).append(completion.token_ids)
@@ -79,8 +81,8 @@ async def test_failures_are_statuses_and_the_run_goes_on(client):
         return 1.0
 
     env = Flaky(Harness(max_tokens_per_turn=3), Rubric(Reward(grader)))
-    settings = RolloutSettings(rollouts_per_task=2, timeout_s=2.0)
-    groups = await generate_groups(env, tasks(4), client, settings)
+    config = RolloutConfig(timeout_s=2.0)
+    groups = await generate_groups(env, tasks(4), client, config, 2, None)
     by_task = {g.task.id: g.trajectories for g in groups}
     assert [t.status for t in by_task["t0"]] == [Status.TRUNCATED] * 2  # 3 tokens, no EOS
     assert all(t.reward == 1.0 for t in by_task["t0"])
@@ -93,7 +95,7 @@ async def test_failures_are_statuses_and_the_run_goes_on(client):
 
 async def test_episode_token_budget_truncates(client):
     env = Chatty(Harness(max_turns=5, max_tokens_per_turn=6, max_total_tokens=10))
-    (group,) = await generate_groups(env, tasks(1), client, RolloutSettings(1))
+    (group,) = await generate_groups(env, tasks(1), client, RolloutConfig(), 1, None)
     (trajectory,) = group.trajectories
     assert trajectory.status == Status.TRUNCATED
     assert sum(trajectory.loss_mask) == 10  # 6 + the 4 left in the budget

@@ -5,13 +5,18 @@ import torch
 from reinforge.policy.sampling import RowSampler, SamplingParams, sample
 
 
+def sampling(**settings: object) -> SamplingParams:
+    """Plain sampling (temperature 1, top_p 1) with the given settings changed."""
+    return SamplingParams(**{"max_tokens": 1, "temperature": 1.0, "top_p": 1.0, **settings})  # type: ignore[arg-type]
+
+
 def rows(*params: SamplingParams) -> list[RowSampler]:
     return [RowSampler(p) for p in params]
 
 
 def test_logprob_at_temperature_one_is_the_models_log_softmax():
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
-    tokens, logprobs = sample(logits, rows(SamplingParams(seed=3)))
+    tokens, logprobs = sample(logits, rows(sampling(seed=3)))
     expected = torch.log_softmax(logits, dim=-1)[0, tokens[0]]
     assert torch.allclose(logprobs[0], expected)
 
@@ -22,7 +27,7 @@ def test_nucleus_renormalises_over_the_kept_tokens():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
     seen = set()
     for seed in range(40):
-        token, logprob = sample(logits, rows(SamplingParams(top_p=0.7, seed=seed)))
+        token, logprob = sample(logits, rows(sampling(top_p=0.7, seed=seed)))
         seen.add(int(token))
         expected = {0: math.log(0.625), 1: math.log(0.375)}[int(token)]
         assert math.isclose(float(logprob), expected, rel_tol=1e-5)
@@ -32,7 +37,7 @@ def test_nucleus_renormalises_over_the_kept_tokens():
 def test_temperature_scales_the_reported_distribution():
     # At T=2 the logits [2, 0] become [1, 0]: p = e/(e+1) for token 0.
     logits = torch.tensor([[2.0, 0.0]])
-    token, logprob = sample(logits, rows(SamplingParams(temperature=2.0, seed=1)))
+    token, logprob = sample(logits, rows(sampling(temperature=2.0, seed=1)))
     p0 = math.e / (math.e + 1)
     expected = math.log(p0) if int(token) == 0 else math.log(1 - p0)
     assert math.isclose(float(logprob), expected, rel_tol=1e-5)
@@ -40,21 +45,21 @@ def test_temperature_scales_the_reported_distribution():
 
 def test_greedy_takes_the_argmax():
     logits = torch.tensor([[0.1, 3.0, 0.2], [5.0, 0.0, 0.0]])
-    tokens, _ = sample(logits, rows(SamplingParams(temperature=0), SamplingParams(temperature=0)))
+    tokens, _ = sample(logits, rows(sampling(temperature=0), sampling(temperature=0)))
     assert tokens.tolist() == [1, 0]
 
 
 def test_a_seeded_row_is_reproducible_whatever_shares_its_batch():
     logits = torch.randn(3, 1000)
-    alone, _ = sample(logits[:1], rows(SamplingParams(seed=7)))
-    batched, _ = sample(logits, rows(SamplingParams(seed=7), SamplingParams(), SamplingParams()))
+    alone, _ = sample(logits[:1], rows(sampling(seed=7)))
+    batched, _ = sample(logits, rows(sampling(seed=7), sampling(), sampling()))
     assert int(alone[0]) == int(batched[0])
 
 
 def test_draws_follow_the_distribution():
     # 2000 draws from p = [0.7, 0.2, 0.1]; each frequency within 0.04 of p.
     logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]]))
-    sampler = rows(SamplingParams(seed=0))
+    sampler = rows(sampling(seed=0))
     counts = [0, 0, 0]
     for _ in range(2000):
         counts[int(sample(logits, sampler)[0][0])] += 1

@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 from reinforge.envs.registry import load_environment
-from reinforge.policy.client import PolicyClient, SamplingDefaults
-from reinforge.rollout.generator import RolloutSettings, generate_groups
+from reinforge.policy.client import PolicyClient
+from reinforge.policy.config import SamplingConfig
+from reinforge.rollout.config import RolloutConfig
+from reinforge.rollout.generator import generate_groups
 from reinforge.types import Status
 
 from .envs.scripted import ScriptedClient
@@ -86,9 +88,11 @@ async def test_a_timed_out_rollout_still_releases_its_sandbox(tiny_engine):
         await asyncio.sleep(30)
 
     env.respond = stall  # the environment hangs after the first turn
-    client = PolicyClient.for_engine(tiny_engine, SamplingDefaults(max_tokens=4))
+    client = PolicyClient.for_engine(tiny_engine, SamplingConfig())
     try:
-        groups = await generate_groups(env, env.tasks(2), client, RolloutSettings(2, timeout_s=2))
+        groups = await generate_groups(
+            env, env.tasks(2), client, RolloutConfig(timeout_s=2), 2, None
+        )
         assert all(t.status == Status.TIMEOUT for g in groups for t in g.trajectories)
         assert not env._pool.lent
     finally:

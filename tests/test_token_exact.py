@@ -14,9 +14,11 @@ import pytest
 
 from reinforge.envs.registry import installed_environments, load_environment
 from reinforge.policy.chat import ChatFormat
-from reinforge.policy.client import PolicyClient, SamplingDefaults
-from reinforge.rollout.checks import masked_spans, token_record_problems
-from reinforge.rollout.generator import RolloutSettings, generate_groups
+from reinforge.policy.client import PolicyClient
+from reinforge.policy.config import SamplingConfig
+from reinforge.policy.records import masked_spans, token_record_problems
+from reinforge.rollout.config import RolloutConfig
+from reinforge.rollout.generator import generate_groups
 from reinforge.types import Trajectory
 
 BUILTINS = ["arithmetic", "calculator", "tictactoe", "wordle"]
@@ -29,9 +31,9 @@ def test_every_builtin_is_covered():
 @pytest.mark.parametrize("name", BUILTINS)
 async def test_builtin_trajectories_are_token_exact(name, tiny_engine, chat_format):
     env = load_environment(name)
-    client = PolicyClient.for_engine(tiny_engine, SamplingDefaults(max_tokens=16))
+    client = PolicyClient.for_engine(tiny_engine, SamplingConfig())
     env.harness.max_tokens_per_turn = 16
-    groups = await generate_groups(env, env.tasks(3, seed=5), client, RolloutSettings(2, seed=5))
+    groups = await generate_groups(env, env.tasks(3, seed=5), client, RolloutConfig(), 2, 5)
     sampled_for: dict[tuple[int, ...], list[list[int]]] = {}
     for prompt, completion in tiny_engine.log:
         sampled_for.setdefault(tuple(prompt), []).append(completion.token_ids)

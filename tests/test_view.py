@@ -7,7 +7,7 @@ import re
 
 from rich.console import Console
 
-from reinforge.orchestrate.view import TrainView, sparkline
+from reinforge.commands.view import TrainView, sparkline
 
 
 def _row(step: int, reward: float) -> dict:

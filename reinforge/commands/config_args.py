@@ -1,18 +1,112 @@
-"""The arguments of commands that run from the config tree: `[CONFIG.toml] [KEY=VALUE ...]
-[--resume]`, read by `reinforge.config.load_command_config`."""
+"""Command-line arguments over the config trees: one mechanism for every command.
+
+`train` and `sft` take `[CONFIG.toml] [KEY=VALUE ...]`. `eval` and `serve` take
+`--config FILE` and `KEY=VALUE` overrides too, and keep their familiar flags, each of which
+is only another name for one config key: its help and default are read from that field, so
+no default is declared twice. A value set in several ways takes the last of: the file, the
+flags, the `KEY=VALUE` overrides.
+"""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from reinforge.config import Root, load_config, parse_value
+from reinforge.errors import ConfigError, UsageError
+
+
+@dataclass(frozen=True)
+class Flag:
+    """`--name VALUE` sets the config key `key`."""
+
+    name: str
+    key: str
+    metavar: str | None = None
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, example: str) -> None:
-    """`example` shows a few overrides in the help."""
+    """`[CONFIG.toml] [KEY=VALUE ...] [--resume]`; `example` shows a few overrides."""
     parser.add_argument("config", type=Path, nargs="?", help="TOML config (only overrides)")
-    parser.add_argument(
-        "overrides", nargs="*", metavar="KEY=VALUE", help=f"dotted overrides, e.g. {example}"
-    )
+    add_overrides(parser, example)
     parser.add_argument(
         "--resume", action="store_true", help="continue the run from its last checkpoint"
     )
+
+
+def add_overrides(parser: argparse.ArgumentParser, example: str) -> None:
+    parser.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE", help=f"dotted overrides, e.g. {example}"
+    )
+
+
+def add_config_file(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="TOML config file (only overrides)")
+
+
+def add_flags(
+    parser: argparse.ArgumentParser, root: type[BaseModel], flags: Sequence[Flag]
+) -> None:
+    """One argument per flag; unset flags leave the config alone (argparse.SUPPRESS)."""
+    defaults = root()
+    for flag in flags:
+        description, default = _field(root, defaults, flag.key)
+        shown = "none" if default is None else default
+        parser.add_argument(
+            flag.name,
+            dest=_dest(flag),
+            default=argparse.SUPPRESS,
+            metavar=flag.metavar,
+            help=f"{description} (default: {shown}; key {flag.key})",
+        )
+
+
+def load_with_flags(
+    root: type[Root],
+    args: argparse.Namespace,
+    flags: Sequence[Flag],
+    pairs: dict[str, Any] | None = None,
+    overrides: list[str] | None = None,
+) -> Root:
+    """The config of `--config FILE`, then the flags given, then `pairs` (key: value, e.g.
+    `--env-arg`), then the `KEY=VALUE` overrides (default: `args.overrides`)."""
+    overrides = args.overrides if overrides is None else overrides
+    given = {f.key: getattr(args, _dest(f)) for f in flags if hasattr(args, _dest(f))}
+    try:
+        return load_config(root, args.config, overrides, given | (pairs or {}))
+    except ConfigError as error:
+        named = [f.name for f in flags if f.key == error.key and f.key in given]
+        if named:
+            raise UsageError(f"{named[0]}: {error.problem}") from error
+        raise
+
+
+def key_values(pairs: Sequence[str], key: str, flag: str) -> dict[str, Any]:
+    """`NAME=VALUE` pairs of a repeatable flag as values of `key.NAME`, parsed like
+    `KEY=VALUE` overrides (TOML values: numbers, booleans, quoted strings, arrays)."""
+    parsed: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise UsageError(f"{flag} takes NAME=VALUE, got {pair!r}")
+        parsed[f"{key}.{name}"] = parse_value(value)
+    return parsed
+
+
+def _dest(flag: Flag) -> str:
+    return "flag_" + flag.name.lstrip("-").replace("-", "_")
+
+
+def _field(root: type[BaseModel], defaults: BaseModel, key: str) -> tuple[str, Any]:
+    """The description and default of a dotted key, read from the config classes."""
+    *sections, name = key.split(".")
+    owner: BaseModel = defaults
+    for section in sections:
+        owner = getattr(owner, section)
+    description = " ".join((type(owner).model_fields[name].description or name).split())
+    return description.split(". ")[0].rstrip("."), getattr(owner, name)

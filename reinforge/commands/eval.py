@@ -4,89 +4,108 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 from pathlib import Path
 from typing import Any
 
-from reinforge.errors import UsageError
-from reinforge.policy.specs import DEFAULT_MODEL
+from reinforge.commands.config_args import (
+    Flag,
+    add_config_file,
+    add_flags,
+    add_overrides,
+    key_values,
+    load_with_flags,
+)
+from reinforge.config import EvalConfig
+
+FLAGS = (
+    Flag("--model", "model.name", "SPEC_OR_URL"),
+    Flag("--model-name", "model.served_name", "NAME"),
+    Flag("--tasks", "eval.tasks", "N"),
+    Flag("--rollouts", "eval.rollouts_per_task", "K"),
+    Flag("--concurrency", "rollout.concurrency", "C"),
+    Flag("--temperature", "rollout.sampling.temperature", "T"),
+    Flag("--top-p", "rollout.sampling.top_p", "P"),
+    Flag("--max-tokens", "env.max_tokens_per_turn", "M"),
+    Flag("--timeout", "rollout.timeout_s", "SECONDS"),
+    Flag("--out", "eval.out", "DIR"),
+    Flag("--seed", "eval.seed", "S"),
+    Flag("--dtype", "engine.dtype", "{float32,bfloat16}"),
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("eval", help="evaluate a model on an environment")
-    parser.add_argument("env", help="built-in or installed name, path/to/env.py, or module:fn")
     parser.add_argument(
-        "--model",
-        default=DEFAULT_MODEL,
-        help="model spec (smollm2-135m, tiny-random, HF folder) or an "
-        "http(s)://.../v1 URL of an OpenAI-compatible server",
+        "env", nargs="?", help="built-in or installed name, path/to/env.py, or module:fn"
     )
-    parser.add_argument("--model-name", help="model name to request from a URL server")
-    parser.add_argument("--tasks", type=int, default=16, help="number of tasks")
-    parser.add_argument("--rollouts", type=int, default=1, help="rollouts per task")
-    parser.add_argument("--concurrency", type=int, default=32, help="rollouts in flight")
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--max-tokens", type=int, help="per-turn token limit (default: env's)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per rollout")
-    parser.add_argument("--out", type=Path, help="output folder (default: runs/eval-ENV-TIME)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for tasks and sampling")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    add_overrides(parser, "rollout.concurrency=8 env.args.difficulty=2")
+    add_config_file(parser)
+    add_flags(parser, EvalConfig, FLAGS)
     parser.add_argument(
         "--env-arg",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="argument for the environment's loader (repeatable)",
+        help="argument for the environment's loader, parsed as a TOML value (repeatable)",
     )
     parser.set_defaults(func=run)
 
 
+def load(args: argparse.Namespace) -> EvalConfig:
+    """The config of the command line: the file, the flags (ENV and `--env-arg` too), then
+    the `KEY=VALUE` overrides."""
+    overrides = list(args.overrides)
+    env = args.env
+    if env is not None and "=" in env:  # no ENV given: the first is an override
+        overrides.insert(0, env)
+        env = None
+    pairs = key_values(args.env_arg, "env.args", "--env-arg")
+    if env is not None:
+        pairs["env.name"] = env
+    return load_with_flags(EvalConfig, args, FLAGS, pairs, overrides)
+
+
 def run(args: argparse.Namespace) -> int:
-    _check(args)
-    from reinforge.envs.registry import load_environment
+    config = load(args)
+    from reinforge.envs.registry import load_configured
 
-    env = load_environment(args.env, **_env_args(args.env_arg))
-    if args.max_tokens is not None:
-        env.harness.max_tokens_per_turn = args.max_tokens
-    out = args.out or Path("runs") / f"eval-{env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return asyncio.run(_run(args, env, out))
+    env = load_configured(config.env)
+    out = config.eval.out or Path("runs") / f"eval-{env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return asyncio.run(_run(config, env, out))
 
 
-async def _run(args: argparse.Namespace, env: Any, out: Path) -> int:
+async def _run(config: EvalConfig, env: Any, out: Path) -> int:
     from rich.console import Console
 
-    from reinforge.policy.client import PolicyClient, SamplingDefaults
+    from reinforge.policy.client import PolicyClient
     from reinforge.rollout.evaluate import evaluate
-    from reinforge.rollout.generator import RolloutSettings
 
     console = Console(stderr=True)
-    sampling = SamplingDefaults(
-        temperature=args.temperature,
-        top_p=args.top_p,
-        max_tokens=env.harness.max_tokens_per_turn,
-        seed=args.seed,
-    )
+    sampling = config.rollout.sampling
     engine = None
-    if args.model.startswith(("http://", "https://")):
-        client = await PolicyClient.for_url(args.model, sampling, model=args.model_name)
+    if config.model.name.startswith(("http://", "https://")):
+        client = await PolicyClient.for_url(
+            config.model.name, sampling, model=config.model.served_name
+        )
     else:
         from reinforge.policy.engine import Engine
 
-        with console.status(f"loading {args.model}"):
-            engine = Engine.from_spec(args.model, dtype=args.dtype)
+        with console.status(f"loading {config.model.name}"):
+            engine = Engine.from_spec(config.model.name, config.engine)
         client = PolicyClient.for_engine(engine, sampling)
-    settings = RolloutSettings(
-        rollouts_per_task=args.rollouts,
-        concurrency=args.concurrency,
-        timeout_s=args.timeout,
-        seed=args.seed,
-    )
+    total = config.eval.tasks * config.eval.rollouts_per_task
     try:
-        with _progress(console, args.tasks * args.rollouts) as advance:
+        with _progress(console, total) as advance:
             _, summary = await evaluate(
-                env, client, args.tasks, settings, out, task_seed=args.seed, on_rollout=advance
+                env,
+                client,
+                config.eval.tasks,
+                config.eval.rollouts_per_task,
+                config.rollout,
+                config.eval.seed,
+                out,
+                on_rollout=advance,
             )
     finally:
         await client.close()
@@ -94,34 +113,6 @@ async def _run(args: argparse.Namespace, env: Any, out: Path) -> int:
             engine.close()
     _print_summary(console, summary, out)
     return 0
-
-
-def _check(args: argparse.Namespace) -> None:
-    for name in ("tasks", "rollouts", "concurrency"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name} must be at least 1")
-    if not 0.0 <= args.temperature <= 2.0:
-        raise UsageError("--temperature must be between 0 and 2")
-    if not 0.0 < args.top_p <= 1.0:
-        raise UsageError("--top-p must be in (0, 1]")
-    if args.max_tokens is not None and args.max_tokens < 1:
-        raise UsageError("--max-tokens must be at least 1")
-    if args.timeout <= 0:
-        raise UsageError("--timeout must be positive")
-
-
-def _env_args(pairs: list[str]) -> dict[str, Any]:
-    """`key=value` pairs; values parse as JSON where they can (numbers, booleans)."""
-    parsed: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--env-arg takes KEY=VALUE, got {pair!r}")
-        try:
-            parsed[key] = json.loads(value)
-        except json.JSONDecodeError:
-            parsed[key] = value
-    return parsed
 
 
 class _progress:

@@ -4,37 +4,42 @@ from __future__ import annotations
 
 import argparse
 
-from reinforge.policy.specs import DEFAULT_MODEL
+from reinforge.commands.config_args import (
+    Flag,
+    add_config_file,
+    add_flags,
+    add_overrides,
+    load_with_flags,
+)
+from reinforge.config import ServeConfig
+
+FLAGS = (
+    Flag("--model", "model.name", "SPEC"),
+    Flag("--host", "server.host", "HOST"),
+    Flag("--port", "server.port", "PORT"),
+    Flag("--dtype", "engine.dtype", "{float32,bfloat16}"),
+    Flag("--max-batch", "engine.max_batch", "N"),
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "serve", help="serve a model over an OpenAI-compatible API (token ids included)"
     )
-    parser.add_argument(
-        "--model",
-        default=DEFAULT_MODEL,
-        help="smollm2-135m, tiny-random or a local HF model folder",
-    )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument(
-        "--dtype",
-        default="float32",
-        choices=["float32", "bfloat16"],
-        help="precision the engine samples with",
-    )
-    parser.add_argument("--max-batch", type=int, default=64, help="most sequences decoded together")
+    add_overrides(parser, "server.max_tokens=256 server.sampling.temperature=0.7")
+    add_config_file(parser)
+    add_flags(parser, ServeConfig, FLAGS)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    config = load_with_flags(ServeConfig, args, FLAGS)
     from reinforge.policy.engine import Engine
     from reinforge.policy.server import serve
 
-    engine = Engine.from_spec(args.model, dtype=args.dtype, max_batch=args.max_batch)
+    engine = Engine.from_spec(config.model.name, config.engine)
     try:
-        serve(engine, args.host, args.port)
+        serve(engine, config.server)
     finally:
         engine.close()
     return 0

@@ -17,11 +17,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from reinforge.config import load_command_config
+    from reinforge.commands.view import TrainView
+    from reinforge.config import Config, load_command_config
     from reinforge.orchestrate.sync import train
-    from reinforge.orchestrate.view import TrainView
 
-    config = load_command_config(args.config, args.overrides)
+    config = load_command_config(Config, args.config, args.overrides)
     console = Console(stderr=True)
     console.print(f"run directory: {config.run_dir}")
     with TrainView(console, config.run.steps) as view:

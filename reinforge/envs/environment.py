@@ -54,6 +54,12 @@ class Harness:
         return prompt
 
     @property
+    def max_sampled_tokens(self) -> int:
+        """The most tokens the policy can sample in one episode."""
+        per_turns = self.max_turns * self.max_tokens_per_turn
+        return per_turns if self.max_total_tokens is None else min(self.max_total_tokens, per_turns)
+
+    @property
     def tool_schemas(self) -> list[dict[str, Any]] | None:
         return [t.schema for t in self.tools] or None
 

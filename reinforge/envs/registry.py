@@ -11,10 +11,12 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from reinforge.envs.config import EnvConfig
 from reinforge.envs.environment import Environment
 from reinforge.errors import UsageError
 
@@ -34,6 +36,17 @@ def load_environment(spec: str, **kwargs: Any) -> Environment:
         raise UsageError(f"environment {spec!r} rejected its arguments: {error}") from error
     if not isinstance(environment, Environment):
         raise UsageError(f"{spec!r} returned {type(environment).__name__}, not an Environment")
+    return environment
+
+
+def load_configured(config: EnvConfig) -> Environment:
+    """The environment a config section names, with its per-turn token limit applied: the
+    one place a run's settings change an environment's harness."""
+    environment = load_environment(config.name, **config.args)
+    if config.max_tokens_per_turn is not None:
+        environment.harness = replace(
+            environment.harness, max_tokens_per_turn=config.max_tokens_per_turn
+        )
     return environment
 
 

@@ -1,14 +1,15 @@
 """What a run leaves on disk: resolved config, metrics per step, trajectories, checkpoints.
 
 `runs/<name>/config.json`, `metrics.jsonl` (one line per step, flushed),
-`trajectories/step_00000.jsonl`, and `checkpoints/step_00010/` in Hugging Face format
-(loadable by transformers and by vLLM).
+`trajectories/step_00000.jsonl` (RL: the step's rollouts), and `checkpoints/step_00010/`
+in Hugging Face format (loadable by transformers and by vLLM). RL and SFT runs record the
+same way, so `--resume` and every tool that reads a run work on both.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Self
 
 from transformers import PreTrainedTokenizerBase
 
@@ -19,6 +20,9 @@ from reinforge.types import Group
 
 
 class RunRecorder:
+    """One run directory, from `start_step` (0, or the step a resumed run continues at) to
+    `config.run.steps`; a checkpoint every `run.checkpoint_every` steps and at the last."""
+
     def __init__(
         self, config: Config, tokenizer: PreTrainedTokenizerBase, start_step: int = 0
     ) -> None:
@@ -26,27 +30,39 @@ class RunRecorder:
         self.tokenizer = tokenizer
         self.directory = config.run_dir
         self._metrics = open_run(self.directory, config.model_dump_json(indent=2), start_step)
-        (self.directory / "trajectories").mkdir(exist_ok=True)
 
     def record(
-        self, step: int, groups: list[Group], metrics: dict[str, Any], trainer: Trainer
+        self,
+        step: int,
+        metrics: dict[str, Any],
+        trainer: Trainer,
+        state: dict[str, Any],
+        groups: list[Group] | None = None,
     ) -> None:
-        path = self.directory / "trajectories" / f"step_{step:05d}.jsonl"
-        with path.open("w", encoding="utf-8") as out:
-            for trajectory in (t for g in groups for t in g.trajectories):
-                out.write(trajectory.model_dump_json() + "\n")
+        """Step `step`'s rollouts (RL; None: no rollouts), its metrics line, and a
+        checkpoint when one is due. `state`: the loop's own entries of the checkpoint's
+        trainer state, beside the step and the trainer's, for resuming to restore or check."""
+        if groups is not None:
+            path = self.directory / "trajectories" / f"step_{step:05d}.jsonl"
+            path.parent.mkdir(exist_ok=True)
+            with path.open("w", encoding="utf-8") as out:
+                for trajectory in (t for g in groups for t in g.trajectories):
+                    out.write(trajectory.model_dump_json() + "\n")
         self._metrics.write(json.dumps(metrics) + "\n")
         self._metrics.flush()
         done = step + 1
         if done % self.config.run.checkpoint_every == 0 or done == self.config.run.steps:
-            self._checkpoint(done, trainer, metrics["policy_version"])
-
-    def _checkpoint(self, steps_done: int, trainer: Trainer, policy_version: int) -> None:
-        state = {"step": steps_done, "policy_version": policy_version, **trainer.state_dict()}
-        write_checkpoint(self.directory, steps_done, trainer.model, self.tokenizer, state)
+            state = {"step": done, **state, **trainer.state_dict()}
+            write_checkpoint(self.directory, done, trainer.model, self.tokenizer, state)
 
     def close(self) -> None:
         self._metrics.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def step_metrics(

@@ -1,8 +1,8 @@
 """The synchronous loop: rollout -> reward -> advantage -> loss -> step -> weight sync.
 
 Every step samples with the current weights, trains on exactly those tokens, and copies
-the new weights into the engine before the next step: on-policy, in the order DESIGN.md
-draws it. Recording (metrics, trajectories, checkpoints) lives in `RunRecorder`.
+the new weights into the engine before the next step: on-policy. Recording (metrics,
+trajectories, checkpoints) lives in `RunRecorder`.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Any
 from transformers import PreTrainedModel
 
 from reinforge.config import Config
-from reinforge.envs.registry import load_environment
+from reinforge.envs.registry import load_configured
 from reinforge.errors import UsageError
 from reinforge.orchestrate.record import RunRecorder, step_metrics
-from reinforge.policy.client import PolicyClient, SamplingDefaults
+from reinforge.policy.client import PolicyClient
 from reinforge.policy.engine import Engine
 from reinforge.policy.models import load_model
-from reinforge.rollout.generator import RolloutSettings, generate_groups
+from reinforge.rollout.generator import generate_groups
 from reinforge.rollout.summary import summarize
 from reinforge.train.checkpoints import latest_checkpoint, load_trainer_state
 from reinforge.train.trainable import full_weights, is_adapter, load_trainable
@@ -34,33 +34,24 @@ async def train(
 ) -> Path:
     """Run `config.run.steps` steps, or what is left of them after the last checkpoint;
     returns the run directory."""
-    env = load_environment(config.env.name, **config.env.args)
-    if config.rollout.max_tokens is not None:
-        env.harness.max_tokens_per_turn = config.rollout.max_tokens
+    env = load_configured(config.env)
     checkpoint = latest_checkpoint(config.run_dir) if resume else None
     if resume and checkpoint is None:
         raise UsageError(f"nothing to resume: no checkpoint in {config.run_dir}")
     model, tokenizer = load_trainable(config.model.name, config.trainer, checkpoint)
     # An fp32 sampler runs the trainer's own model: no second copy, and a weight sync is
     # only a new version number. A bf16 sampler keeps its own copy, refreshed each step.
-    shared = config.model.sampler_dtype == "float32"
-    sampler = model if shared else load_model(config.model.name, config.model.sampler_dtype)[0]
-    engine = Engine(
-        sampler, tokenizer, name=config.model.name, max_batch=config.rollout.concurrency
-    )
+    shared = config.engine.dtype == "float32"
+    sampler = model if shared else load_model(config.model.name, config.engine.dtype)[0]
+    engine = Engine(sampler, tokenizer, config.model.name, config.engine)
     if not shared:
         with full_weights(model) as weights:
             engine.update_weights(weights)  # a checkpoint's or adapter-merged weights
     engine.version = 0
-    sampling = SamplingDefaults(
-        temperature=config.rollout.temperature,
-        top_p=config.rollout.top_p,
-        max_tokens=env.harness.max_tokens_per_turn,
-    )
-    client = PolicyClient.for_engine(engine, sampling)
+    client = PolicyClient.for_engine(engine, config.rollout.sampling)
     trainer = Trainer(
         model,
-        config.trainer,
+        config.trainer.for_budget(env.harness.max_sampled_tokens),
         config.optim,
         total_steps=config.run.steps,
         reference=_reference(config, model),
@@ -78,13 +69,9 @@ async def train(
             # 1. rollout: this step's tasks, k rollouts each, with the current weights
             seed = task_seed(config.run.seed, step)
             tasks = env.tasks(config.rollout.tasks_per_step, seed=seed)
-            settings = RolloutSettings(
-                rollouts_per_task=config.rollout.rollouts_per_task,
-                concurrency=config.rollout.concurrency,
-                timeout_s=config.rollout.timeout_s,
-                seed=seed,
+            groups = await generate_groups(
+                env, tasks, client, config.rollout, config.rollout.rollouts_per_task, seed
             )
-            groups = await generate_groups(env, tasks, client, settings)
             rollout_s = time.perf_counter() - started
             # 2. reward is in the trajectories; 3. advantages within each group
             selection = select_for_training(groups, config.trainer)
@@ -104,7 +91,7 @@ async def train(
             metrics = step_metrics(
                 step, summary, selection, trained, rollout_s, train_s, sync_s, engine.version
             )
-            recorder.record(step, groups, metrics, trainer)
+            recorder.record(step, metrics, trainer, {"policy_version": engine.version}, groups)
             on_step(metrics)
     finally:
         await client.close()

@@ -2,8 +2,9 @@
 
 `PolicyClient` holds one connection (to a URL, or to an in-process engine through the
 same FastAPI app over an ASGI transport, so both take one code path) and the sampling
-defaults. Each rollout gets an `EpisodeClient`, which sends every turn after the first as
-a continuation of the exact tokens so far and records what the policy sampled.
+settings of the rollouts it serves. Each rollout gets an `EpisodeClient`, which sends every
+turn after the first as a continuation of the exact tokens so far and records what the
+policy sampled.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import httpx
 import openai
 
 from reinforge.errors import UsageError
+from reinforge.policy.config import SamplingConfig, ServerConfig
 from reinforge.types import Message
 
 
@@ -25,14 +27,6 @@ class EpisodeLimit(Exception):
 
 class EpisodeMisuse(Exception):
     """The environment broke the episode's token record (e.g. rewrote earlier turns)."""
-
-
-@dataclass(frozen=True)
-class SamplingDefaults:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int = 256
-    seed: int | None = None
 
 
 @dataclass
@@ -74,23 +68,26 @@ class ChatClient(Protocol):
         messages: list[Message],
         tools: list[dict[str, Any]] | None = None,
         max_tokens: int | None = None,
-    ) -> Reply: ...
+    ) -> Reply:
+        """`max_tokens` None: the server's default."""
+        ...
 
 
 class PolicyClient:
     def __init__(
-        self, openai_client: openai.AsyncOpenAI, model: str, sampling: SamplingDefaults
+        self, openai_client: openai.AsyncOpenAI, model: str, sampling: SamplingConfig
     ) -> None:
         self.openai = openai_client
         self.model = model
         self.sampling = sampling
 
     @classmethod
-    def for_engine(cls, engine: Any, sampling: SamplingDefaults) -> PolicyClient:
+    def for_engine(cls, engine: Any, sampling: SamplingConfig) -> PolicyClient:
         """A client of an in-process engine, through the server's own request handling."""
         from reinforge.policy.server import create_app
 
-        transport = httpx.ASGITransport(app=create_app(engine))
+        app = create_app(engine, ServerConfig(sampling=sampling))
+        transport = httpx.ASGITransport(app=app)
         http = httpx.AsyncClient(transport=transport, base_url="http://engine/v1", timeout=None)
         client = openai.AsyncOpenAI(
             base_url="http://engine/v1", api_key="local", http_client=http, max_retries=0
@@ -101,12 +98,13 @@ class PolicyClient:
     async def for_url(
         cls,
         url: str,
-        sampling: SamplingDefaults,
+        sampling: SamplingConfig,
         model: str | None = None,
         api_key: str = "EMPTY",
     ) -> PolicyClient:
         """A client of any OpenAI-compatible server; checks that it answers first."""
-        client = openai.AsyncOpenAI(base_url=url, api_key=api_key, max_retries=2, timeout=600)
+        # No deadline per request: each rollout has its own (`rollout.timeout_s`).
+        client = openai.AsyncOpenAI(base_url=url, api_key=api_key, max_retries=2, timeout=None)
         try:
             listed = [m.id async for m in client.models.list()]
         except openai.APIError as error:
@@ -119,12 +117,9 @@ class PolicyClient:
             model = listed[0]
         return cls(client, model, sampling)
 
-    def episode(
-        self, max_total_tokens: int | None = None, seed: int | None = None
-    ) -> EpisodeClient:
-        """A client for one rollout; `seed` (turn t samples with seed + t) overrides the
-        default seed so that rollouts of one task differ yet repeat run to run."""
-        seed = self.sampling.seed if seed is None else seed
+    def episode(self, max_total_tokens: int | None, seed: int | None) -> EpisodeClient:
+        """A client for one rollout. Turn t samples with `seed + t`, so rollouts of one task
+        differ yet repeat run to run; None: unseeded."""
         return EpisodeClient(self, max_total_tokens, seed)
 
     async def close(self) -> None:
@@ -161,12 +156,11 @@ class EpisodeClient:
         max_tokens: int | None = None,
     ) -> Reply:
         sampling = self.policy.sampling
-        max_tokens = max_tokens or sampling.max_tokens
         if self.max_total_tokens is not None:
             left = self.max_total_tokens - self.sampled_tokens
             if left <= 0:
                 raise EpisodeLimit(f"the episode used its {self.max_total_tokens} tokens")
-            max_tokens = min(max_tokens, left)
+            max_tokens = left if max_tokens is None else min(max_tokens, left)
         extra: dict[str, Any] = {}
         continuation = self._continuation_tokens(messages)
         if continuation is not None:
@@ -180,7 +174,7 @@ class EpisodeClient:
                 tools=tools or openai.omit,  # type: ignore[arg-type]
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
-                max_tokens=max_tokens,
+                max_tokens=openai.omit if max_tokens is None else max_tokens,
                 seed=seed,
                 logprobs=True,
                 extra_body=extra or None,

@@ -22,6 +22,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache
 
+from reinforge.policy.config import EngineConfig
 from reinforge.policy.kv_cache import roomy_cache
 from reinforge.policy.models import load_model
 from reinforge.policy.prefix_cache import PrefixCache, PrefixHit
@@ -74,35 +75,28 @@ class Engine:
         self,
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
-        name: str = "model",
-        max_batch: int = 64,
-        prefix_cache_bytes: int = 1 << 30,
-        admit_group: int = 8,
-        admit_wait_steps: int = 4,
+        name: str,
+        config: EngineConfig,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
-        self.max_batch = max_batch
-        self.admit_group = admit_group
-        """New requests join a running batch once this many wait..."""
-        self.admit_wait_steps = admit_wait_steps
-        """...or once the first of them has waited this many decode steps."""
+        self.config = config
         self.max_context = int(getattr(model.config, "max_position_embeddings", 2048))
         self.eos_ids = _eos_ids(model, tokenizer)
         self.version = 0
         self.stats = EngineStats()
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self._prefixes = PrefixCache(prefix_cache_bytes)
+        self._prefixes = PrefixCache(config.prefix_cache_mib << 20)
         self._lock = threading.Lock()  # held during a model step and a weight update
         self._inbox: queue.Queue[_Request | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="reinforge-engine", daemon=True)
         self._thread.start()
 
     @classmethod
-    def from_spec(cls, spec: str, dtype: str = "float32", max_batch: int = 64) -> Engine:
-        model, tokenizer = load_model(spec, dtype)
-        return cls(model, tokenizer, name=spec, max_batch=max_batch)
+    def from_spec(cls, spec: str, config: EngineConfig) -> Engine:
+        model, tokenizer = load_model(spec, config.dtype)
+        return cls(model, tokenizer, spec, config)
 
     # -- public API ---------------------------------------------------------------------
 
@@ -149,7 +143,7 @@ class Engine:
             open_ = self._collect(waiting, block=idle)
             # Work that arrives at an idle engine usually comes as a burst (a group of
             # rollouts, n > 1, many clients): gather it for one prefill.
-            while open_ and idle and len(waiting) < self.max_batch:
+            while open_ and idle and len(waiting) < self.config.max_batch:
                 time.sleep(self._BURST_S)
                 before = len(waiting)
                 open_ = self._collect(waiting, block=False)
@@ -159,12 +153,12 @@ class Engine:
                 batch.fail(RuntimeError("engine closed"))
                 _fail(waiting, RuntimeError("engine closed"))
                 return
-            room = self.max_batch - len(batch.requests)
+            room = self.config.max_batch - len(batch.requests)
             arrivals: list[_Request] = []
             # A prefill has a fixed cost (~a decode step), so newcomers join in groups:
             # at once when the batch is empty or enough are waiting, else after a few steps.
-            ready = len(waiting) >= min(self.admit_group, room) or not batch.requests
-            if waiting and room > 0 and (ready or waited_steps >= self.admit_wait_steps):
+            ready = len(waiting) >= min(self.config.admit_group, room) or not batch.requests
+            if waiting and room > 0 and (ready or waited_steps >= self.config.admit_wait_steps):
                 arrivals, waiting = waiting[:room], waiting[room:]
                 waited_steps = 0
             elif waiting:

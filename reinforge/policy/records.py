@@ -1,17 +1,28 @@
-"""Checks that a trajectory's token record is exact: what training relies on.
+"""A trajectory's token record (`token_ids`, `loss_mask`) against its messages.
 
-Two properties, for any chat template that does not rewrite history:
+Training reads the tokens; people, other servers and the chat template read the messages.
+The two must tell the same conversation, for any chat template that does not rewrite
+history:
 - decoding `token_ids` reproduces the conversation as the template renders it;
 - each assistant message corresponds to one masked span, whose tokens decode to exactly
   that message's content (plus the EOS token the policy sampled to end its turn).
+
+A record that holds only messages (from another OpenAI-compatible server), or another
+vocabulary's tokens, gets its token record by rendering the messages one prefix at a time,
+so that it comes out as the record a reinforge episode of the same conversation would hold.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from reinforge.policy.chat import ChatFormat
-from reinforge.types import Trajectory
+from reinforge.policy.chat import ChatFormat, TemplateError
+from reinforge.types import Message, Trajectory
+
+if TYPE_CHECKING:  # as in chat.py: keep transformers out of the environments' import path
+    from transformers import PreTrainedTokenizerBase
 
 
 def masked_spans(loss_mask: list[int]) -> list[tuple[int, int]]:
@@ -25,6 +36,26 @@ def masked_spans(loss_mask: list[int]) -> list[tuple[int, int]]:
             spans.append((start, index))
             start = None
     return spans
+
+
+def is_own_record(trajectory: Trajectory, tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether this tokenizer wrote the token record: each sampled span decodes to its
+    assistant message (less a final EOS token). A record from a server of another model,
+    in another vocabulary, does not, and must be rendered from its messages instead."""
+    ids = trajectory.token_ids
+    if not ids or max(ids) >= len(tokenizer):
+        return False
+    texts = [m.get("content") or "" for m in trajectory.messages if m.get("role") == "assistant"]
+    spans = masked_spans(trajectory.loss_mask)
+    if len(spans) != len(texts):
+        return False
+    for (start, end), text in zip(spans, texts, strict=True):
+        sampled = ids[start:end]
+        if sampled[-1] == tokenizer.eos_token_id:
+            sampled = sampled[:-1]
+        if tokenizer.decode(sampled) != text:
+            return False
+    return True
 
 
 def token_record_problems(
@@ -57,3 +88,75 @@ def token_record_problems(
         if tokenizer.decode(sampled) != (message.get("content") or ""):
             problems.append(f"assistant turn {number}: sampled tokens do not decode to its text")
     return problems
+
+
+def render_messages(
+    messages: list[Message],
+    chat: ChatFormat,
+    tools: Sequence[dict] | None = None,
+    last_turn_ended: bool = True,
+) -> tuple[list[int], list[int]]:
+    """(token_ids, loss_mask) of a conversation, as a reinforge episode would record it.
+
+    Each assistant turn trains its content and the first token of the template's assistant
+    suffix (the end-of-turn token, e.g. `<|im_end|>`); the rest of the suffix and every other
+    message is context. The sequence ends at the last assistant turn's end-of-turn token, where
+    a recorded episode ends. `last_turn_ended=False` (a truncated episode, which may have been
+    cut mid-answer) leaves that last end-of-turn token out.
+
+    `tools` are the tool schemas the policy was offered (`Trajectory.tools`).
+    Raises TemplateError when a rendered prefix does not begin the next one.
+    """
+    tokenizer = chat.tokenizer
+    messages = [_with_tool_markup(m) for m in messages] if not chat.native_tools else messages
+    suffix = tokenizer.encode(chat.assistant_suffix, add_special_tokens=False)  # e.g. [eot, \n]
+    turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    if not turns:
+        raise TemplateError("no assistant message to learn from")
+    ids: list[int] = []
+    mask: list[int] = []
+    for turn in turns:
+        _extend(ids, mask, chat.prompt_ids(messages[:turn], tools), trained=False)
+        closed = chat.render_text(messages[: turn + 1], tools)
+        closed_ids = tokenizer.encode(closed, add_special_tokens=False)
+        if not suffix or closed_ids[-len(suffix) :] != suffix:
+            raise TemplateError(
+                f"assistant turn {turns.index(turn)} does not end with the template's "
+                f"assistant suffix {chat.assistant_suffix!r}"
+            )
+        ended = last_turn_ended or turn != turns[-1]
+        through = len(closed_ids) - len(suffix) + int(ended)  # content (+ end-of-turn)
+        _extend(ids, mask, closed_ids[:through], trained=True)
+    return ids, mask
+
+
+def _extend(ids: list[int], mask: list[int], rendered: list[int], trained: bool) -> None:
+    """Append what `rendered` adds after `ids`, which it must begin with."""
+    if rendered[: len(ids)] != ids:
+        at = next(
+            (i for i, (a, b) in enumerate(zip(ids, rendered, strict=False)) if a != b),
+            len(rendered),
+        )
+        raise TemplateError(
+            f"rendering one more message changes the tokens before it (at token {at}), so "
+            "the conversation has no exact token sequence with this chat template"
+        )
+    added = rendered[len(ids) :]
+    ids.extend(added)
+    mask.extend([int(trained)] * len(added))
+
+
+def _with_tool_markup(message: Message) -> Message:
+    """A server that parses tool calls returns them beside the text, not in it. Templates
+    without native tools would drop them, so they are written back as the `<tool_call>`
+    blocks of the tool system prompt, which is what a reinforge-produced message holds."""
+    calls = message.get("tool_calls")
+    content = message.get("content") or ""
+    if not calls or "<tool_call>" in content:
+        return message
+    blocks = [
+        f'<tool_call>\n{{"name": {json.dumps(c["function"]["name"])}, '
+        f'"arguments": {c["function"].get("arguments") or "{}"}}}\n</tool_call>'
+        for c in calls
+    ]
+    return {**message, "content": "\n".join([content, *blocks] if content else blocks)}

@@ -15,11 +15,14 @@ import torch
 
 @dataclass(frozen=True)
 class SamplingParams:
-    max_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
+    """One request's settings, as the server resolved them from the request and its config."""
+
+    max_tokens: int
+    temperature: float
+    top_p: float
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    """None: an unseeded draw."""
 
 
 @dataclass

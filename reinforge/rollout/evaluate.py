@@ -9,7 +9,8 @@ from typing import Any
 
 from reinforge.envs.environment import Environment
 from reinforge.policy.client import PolicyClient
-from reinforge.rollout.generator import RolloutSettings, generate_groups
+from reinforge.rollout.config import RolloutConfig
+from reinforge.rollout.generator import generate_groups
 from reinforge.rollout.store import RolloutWriter
 from reinforge.rollout.summary import summarize
 from reinforge.types import Group, Trajectory
@@ -19,21 +20,30 @@ async def evaluate(
     env: Environment,
     client: PolicyClient,
     num_tasks: int,
-    settings: RolloutSettings,
+    rollouts_per_task: int,
+    config: RolloutConfig,
+    seed: int,
     out: Path,
-    task_seed: int = 0,
     on_rollout: Callable[[Trajectory], None] | None = None,
 ) -> tuple[list[Group], dict[str, Any]]:
-    """Run `num_tasks` x `rollouts_per_task`; trajectories are written group by group."""
-    tasks = env.tasks(num_tasks, seed=task_seed)
+    """Run `num_tasks` x `rollouts_per_task`; trajectories are written group by group.
+    `seed` draws the tasks and seeds the sampling."""
+    tasks = env.tasks(num_tasks, seed=seed)
     writer = RolloutWriter(out)
     started = time.perf_counter()
     try:
         groups = await generate_groups(
-            env, tasks, client, settings, on_group=writer.write_group, on_rollout=on_rollout
+            env,
+            tasks,
+            client,
+            config,
+            rollouts_per_task,
+            seed,
+            on_group=writer.write_group,
+            on_rollout=on_rollout,
         )
         summary = summarize(groups, env.rubric.pass_threshold, time.perf_counter() - started)
-        summary.update(environment=env.name, model=client.model, seed=task_seed)
+        summary.update(environment=env.name, model=client.model, seed=seed)
         writer.write_summary(summary)
     finally:
         writer.close()

@@ -17,18 +17,8 @@ from reinforge.envs.environment import Environment, jsonable
 from reinforge.envs.episode import Episode
 from reinforge.envs.rubric import GraderError
 from reinforge.policy.client import EpisodeClient, PolicyClient
+from reinforge.rollout.config import RolloutConfig
 from reinforge.types import Group, Status, Task, Timings, Trajectory
-
-
-@dataclass(frozen=True)
-class RolloutSettings:
-    rollouts_per_task: int = 1
-    concurrency: int = 32
-    """Rollouts in flight at once."""
-    timeout_s: float | None = 600.0
-    """Per rollout; a rollout past it ends with status `timeout`."""
-    seed: int | None = None
-    """Base of the sampling seeds; each rollout derives its own from it and its task."""
 
 
 @dataclass
@@ -41,18 +31,22 @@ async def generate_groups(
     env: Environment,
     tasks: list[Task],
     client: PolicyClient,
-    settings: RolloutSettings,
+    config: RolloutConfig,
+    rollouts_per_task: int,
+    seed: int | None,
     on_group: Callable[[Group], None] | None = None,
     on_rollout: Callable[[Trajectory], None] | None = None,
 ) -> list[Group]:
-    """Run every task `rollouts_per_task` times; groups come back in task order."""
-    limit = asyncio.Semaphore(settings.concurrency)
+    """Run every task `rollouts_per_task` times; groups come back in task order. `seed` is
+    the base of the sampling seeds: each rollout derives its own from it and its task
+    (None: unseeded)."""
+    limit = asyncio.Semaphore(config.concurrency)
 
     async def one_group(task: Task) -> Group:
         done = await asyncio.gather(
             *(
-                _rollout(env, client, task, index, limit, settings, on_rollout)
-                for index in range(settings.rollouts_per_task)
+                _rollout(env, client, task, index, limit, config.timeout_s, seed, on_rollout)
+                for index in range(rollouts_per_task)
             )
         )
         group = await _score(env, task, done)
@@ -69,24 +63,23 @@ async def _rollout(
     task: Task,
     index: int,
     limit: asyncio.Semaphore,
-    settings: RolloutSettings,
+    timeout_s: float,
+    seed: int | None,
     on_rollout: Callable[[Trajectory], None] | None,
 ) -> _Done:
     async with limit:
-        episode_client = client.episode(env.harness.max_total_tokens, _seed(settings, task, index))
+        episode_client = client.episode(env.harness.max_total_tokens, _seed(seed, task, index))
         started = time.perf_counter()
         trajectory = Trajectory(
             task_id=task.id, group_id=task.id, index=index, tools=env.harness.tool_schemas
         )
         episode: Episode | None = None
         try:
-            episode = await asyncio.wait_for(
-                env.rollout(episode_client, task), timeout=settings.timeout_s
-            )
+            episode = await asyncio.wait_for(env.rollout(episode_client, task), timeout=timeout_s)
             trajectory.status = Status.TRUNCATED if episode.truncated else Status.OK
         except TimeoutError:
             trajectory.status = Status.TIMEOUT
-            trajectory.error = f"rollout exceeded {settings.timeout_s} s"
+            trajectory.error = f"rollout exceeded {timeout_s} s"
         except Exception as error:  # a broken rollout is data, not a crash
             trajectory.status = Status.ERROR
             trajectory.error = f"{type(error).__name__}: {error}"
@@ -131,8 +124,8 @@ async def _score(env: Environment, task: Task, done: list[_Done]) -> Group:
     return Group(task=task, trajectories=[d.trajectory for d in done])
 
 
-def _seed(settings: RolloutSettings, task: Task, index: int) -> int | None:
-    if settings.seed is None:
+def _seed(seed: int | None, task: Task, index: int) -> int | None:
+    if seed is None:
         return None
     # Spaced by 1000 so that per-turn seeds (seed + turn) of two rollouts never meet.
-    return (zlib.crc32(f"{settings.seed}/{task.id}/{index}".encode()) % 2**20) * 1000
+    return (zlib.crc32(f"{seed}/{task.id}/{index}".encode()) % 2**20) * 1000

@@ -1,11 +1,16 @@
-"""Writing rollouts to disk as they finish, so a crash loses at most the groups in flight."""
+"""Trajectories on disk: one JSON object per line, written as rollouts finish so a crash
+loses at most the groups in flight, and read back wherever a command left them."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from reinforge.errors import UsageError
 from reinforge.types import Group, Trajectory
 
 
@@ -32,6 +37,36 @@ class RolloutWriter:
         self._file.close()
 
 
-def read_trajectories(path: Path) -> list[Trajectory]:
+def trajectory_files(path: Path) -> list[Path]:
+    """The JSONL files a path names: itself, an eval output's trajectories.jsonl, or a
+    training run's trajectories/*.jsonl. Raises UsageError when it is none of these."""
+    if path.is_file():
+        return [path]
+    if (path / "trajectories.jsonl").is_file():
+        return [path / "trajectories.jsonl"]
+    if steps := sorted((path / "trajectories").glob("*.jsonl")):
+        return steps
+    if path.is_dir():
+        raise UsageError(f"{path} holds neither trajectories.jsonl nor trajectories/*.jsonl")
+    raise UsageError(f"no such file or folder: {path}")
+
+
+def iter_trajectories(path: Path) -> Iterator[tuple[str, Trajectory]]:
+    """Each trajectory of a JSONL file with where it was read (`path:line`), so a message
+    about one of many files points at the line. Raises UsageError on a malformed line."""
     with path.open(encoding="utf-8") as lines:
-        return [Trajectory.model_validate_json(line) for line in lines if line.strip()]
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                trajectory = Trajectory.model_validate_json(line)
+            except ValidationError as error:
+                first = error.errors()[0]
+                where = ".".join(str(p) for p in first["loc"])
+                problem = f"{where}: {first['msg']}" if where else first["msg"]
+                raise UsageError(f"{path}:{number} is not a trajectory: {problem}") from error
+            yield f"{path}:{number}", trajectory
+
+
+def read_trajectories(path: Path) -> list[Trajectory]:
+    return [trajectory for _, trajectory in iter_trajectories(path)]

@@ -1,9 +1,10 @@
 """Group-relative advantages: how much better each rollout did than its siblings.
 
-A group is the n rollouts of one task (DESIGN.md). Both estimators centre the rewards on the
-group mean, so a group where every rollout scored the same gives every token a zero advantage
-and no gradient. The caller passes only the rollouts that take part in the gradient: errored
-ones are left out before this point (STYLE.md 7), so they do not move the mean.
+A group is the n rollouts of one task. Both estimators centre the rewards on the group mean,
+so a group where every rollout scored the same gives every token a zero advantage and no
+gradient. The caller passes only the rollouts that take part in the gradient: errored ones
+are left out before this point (a broken rollout is data, never a silent zero), so they do
+not move the mean.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ every row to the longest one (TRL pads every completion to the batch's longest).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
@@ -25,7 +25,8 @@ from reinforge.types import Trajectory
 class TrainBatch:
     """Right-padded tensors of a list of trajectories, aligned to the logits' positions.
 
-    Build with `from_trajectories`; take micro-batches with `select`.
+    Build with `from_trajectories` (a policy's samples, for RL) or `from_sequences` (tokens
+    and masks alone, for SFT); take micro-batches with `select`.
     """
 
     input_ids: Tensor
@@ -37,16 +38,18 @@ class TrainBatch:
     shifted left by one). The `mask` of the losses."""
     targets: Tensor
     """(B, T) int64: token t + 1, or 0 where there is none (last token, padding)."""
-    behaviour_logprobs: Tensor
-    """(B, T) float32: the sampler's log-prob of token t + 1 where `target_mask`, else 0."""
-    advantages: Tensor
-    """(B, 1) float32: one per trajectory."""
+    behaviour_logprobs: Tensor | None = None
+    """(B, T) float32: the sampler's log-prob of token t + 1 where `target_mask`, else 0.
+    None in a batch of sequences no policy sampled (`from_sequences`)."""
+    advantages: Tensor | None = None
+    """(B, 1) float32: one per trajectory. None as `behaviour_logprobs`."""
 
     @classmethod
     def from_trajectories(
         cls, trajectories: Sequence[Trajectory], advantages: Sequence[float] | Tensor
     ) -> TrainBatch:
-        """Pad and shift. Raises ValueError on inconsistent trajectories.
+        """Pad and shift, with the sampler's log-probs. Raises ValueError on inconsistent
+        trajectories.
 
         Status is not looked at: leave errored rollouts out before calling.
         advantages: (B,), one per trajectory.
@@ -64,18 +67,39 @@ class TrainBatch:
         for trajectory in trajectories:
             _check(trajectory)
 
-        rows, width = len(trajectories), max(len(t.token_ids) for t in trajectories)
+        batch = cls._padded(
+            [t.token_ids for t in trajectories], [t.loss_mask for t in trajectories]
+        )
+        behaviour = torch.zeros(batch.target_mask.shape, dtype=torch.float32)  # (B, T)
+        for row, trajectory in enumerate(trajectories):
+            behaviour[row][batch.target_mask[row]] = torch.tensor(trajectory.logprobs)
+        return replace(batch, behaviour_logprobs=behaviour, advantages=advantages.unsqueeze(-1))
+
+    @classmethod
+    def from_sequences(
+        cls, token_ids: Sequence[list[int]], loss_masks: Sequence[list[int]]
+    ) -> TrainBatch:
+        """Pad and shift token sequences that no policy sampled here, so there are no
+        behaviour log-probs or advantages to hold. Raises ValueError on inconsistent rows."""
+        if len(token_ids) != len(loss_masks):
+            raise ValueError(f"{len(token_ids)} sequences but {len(loss_masks)} loss masks")
+        if not token_ids:
+            raise ValueError("cannot build a batch from no sequences")
+        for row, (tokens, mask) in enumerate(zip(token_ids, loss_masks, strict=True)):
+            _check_tokens(f"sequence {row}", tokens, mask)
+        return cls._padded(token_ids, loss_masks)
+
+    @classmethod
+    def _padded(cls, token_ids: Sequence[list[int]], loss_masks: Sequence[list[int]]) -> TrainBatch:
+        rows, width = len(token_ids), max(len(tokens) for tokens in token_ids)
         input_ids = torch.zeros(rows, width, dtype=torch.long)  # (B, T)
         attention_mask = torch.zeros(rows, width, dtype=torch.long)  # (B, T)
         target_mask = torch.zeros(rows, width, dtype=torch.bool)  # (B, T)
-        behaviour = torch.zeros(rows, width, dtype=torch.float32)  # (B, T)
-        for row, trajectory in enumerate(trajectories):
-            n = len(trajectory.token_ids)
-            input_ids[row, :n] = torch.tensor(trajectory.token_ids)
+        for row, (tokens, mask) in enumerate(zip(token_ids, loss_masks, strict=True)):
+            n = len(tokens)
+            input_ids[row, :n] = torch.tensor(tokens)
             attention_mask[row, :n] = 1
-            sampled = torch.tensor(trajectory.loss_mask[1:], dtype=torch.bool)  # (n - 1,)
-            target_mask[row, : n - 1] = sampled
-            behaviour[row, : n - 1][sampled] = torch.tensor(trajectory.logprobs)
+            target_mask[row, : n - 1] = torch.tensor(mask[1:], dtype=torch.bool)  # (n - 1,)
         targets = torch.zeros_like(input_ids)  # (B, T)
         targets[:, :-1] = input_ids[:, 1:]  # padding ids are 0, so "none" is 0 too
         return cls(
@@ -83,8 +107,6 @@ class TrainBatch:
             attention_mask=attention_mask,
             target_mask=target_mask,
             targets=targets,
-            behaviour_logprobs=behaviour,
-            advantages=advantages.unsqueeze(-1),  # (B, 1)
         )
 
     @property
@@ -108,17 +130,33 @@ class TrainBatch:
             raise ValueError("select needs at least one row")
         index = torch.as_tensor(rows, dtype=torch.long)  # (b,)
         width = int(self.attention_mask[index].sum(dim=-1).max())
-        return TrainBatch(**{f.name: getattr(self, f.name)[index, :width] for f in fields(self)})
+        return self._map(lambda tensor: tensor[index, :width])
 
     def to(self, device: torch.device | str) -> TrainBatch:
         """Every tensor on `device`."""
-        return TrainBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+        return self._map(lambda tensor: tensor.to(device))
+
+    def _map(self, change: Callable[[Tensor], Tensor]) -> TrainBatch:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return TrainBatch(**{k: None if v is None else change(v) for k, v in values.items()})
 
 
 def _check(trajectory: Trajectory) -> None:
     """Raise ValueError naming the trajectory if its tokens, mask and log-probs disagree."""
     name = f"trajectory {trajectory.task_id}/{trajectory.group_id}#{trajectory.index}"
-    tokens, mask = trajectory.token_ids, trajectory.loss_mask
+    _check_tokens(name, trajectory.token_ids, trajectory.loss_mask)
+    mask = trajectory.loss_mask
+    if sum(mask) != len(trajectory.logprobs):
+        raise ValueError(
+            f"{name}: {sum(mask)} sampled tokens (loss_mask) but "
+            f"{len(trajectory.logprobs)} logprobs; they must be one per sampled token"
+        )
+    if not all(math.isfinite(lp) for lp in trajectory.logprobs):
+        raise ValueError(f"{name}: a sampled token's logprob is not finite")
+
+
+def _check_tokens(name: str, tokens: list[int], mask: list[int]) -> None:
+    """Raise ValueError naming the row if its tokens and mask disagree."""
     if not tokens:
         raise ValueError(f"{name} has no tokens")
     if len(mask) != len(tokens):
@@ -127,13 +165,6 @@ def _check(trajectory: Trajectory) -> None:
         raise ValueError(f"{name}: loss_mask must hold only 0 and 1")
     if mask[0]:
         raise ValueError(f"{name}: the first token is marked sampled, but nothing predicts it")
-    if sum(mask) != len(trajectory.logprobs):
-        raise ValueError(
-            f"{name}: {sum(mask)} sampled tokens (loss_mask) but "
-            f"{len(trajectory.logprobs)} logprobs; they must be one per sampled token"
-        )
-    if not all(math.isfinite(lp) for lp in trajectory.logprobs):
-        raise ValueError(f"{name}: a sampled token's logprob is not finite")
     if min(tokens) < 0:
         raise ValueError(f"{name}: token ids must not be negative")
 

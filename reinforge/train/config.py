@@ -1,18 +1,20 @@
-"""The algorithm part of the training config: which advantage, loss and aggregation to use.
+"""The trainer's config sections: optimizer, trainer options, LoRA, and the algorithm (which
+advantage, loss and aggregation to use).
 
-Each variant is a small pydantic model tagged by `kind` that applies itself, so the trainer
-calls `config.advantage.compute(rewards)` and `config.loss.compute(...)` and never branches
-on a name. Unknown keys and unknown kinds are rejected when the config is loaded.
+Each algorithm variant is a small pydantic model tagged by `kind` that applies itself, so
+the trainer calls `config.advantage.compute(rewards)` and `config.loss.batch_loss(...)` and
+never branches on a name. Unknown keys and unknown kinds are rejected when the config is loaded.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import replace
-from typing import Annotated, Any, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 import torch
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 from torch import Tensor
 
 from reinforge.train.advantages import dr_grpo_advantages, grpo_advantages
@@ -26,10 +28,14 @@ from reinforge.train.losses import (
     sequence_mean_weights,
     token_mean_weights,
 )
+from reinforge.types import Section, Status
+
+if TYPE_CHECKING:
+    from reinforge.train.batching import TrainBatch
 
 
 class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 def _kind_or(default: str) -> Discriminator:
@@ -110,10 +116,13 @@ class ConstantNorm(_Aggregation):
     """Sum / (B * max_tokens) (Dr. GRPO); see `constant_norm_weights`."""
 
     kind: Literal["constant_norm"] = "constant_norm"
-    max_tokens: int = Field(gt=0)
-    """The constant: usually the generation budget in tokens per rollout."""
+    max_tokens: int | None = Field(None, gt=0)
+    """The constant; None: the environment's generation budget per rollout (its harness's
+    total token limit, else turns x tokens per turn)."""
 
     def weights(self, mask: Tensor) -> Tensor:
+        if self.max_tokens is None:
+            raise ValueError("constant_norm needs max_tokens: see TrainerConfig.for_budget")
         return constant_norm_weights(mask, self.max_tokens)
 
 
@@ -128,7 +137,26 @@ AggregationConfig = Annotated[
 # ---- losses -----------------------------------------------------------------------------
 
 
-class PPOClipLoss(_Config):
+class _Loss(_Config, ABC):
+    @property
+    def needs_reference(self) -> bool:
+        """Whether `batch_loss` needs the reference model's log-probs."""
+        return False
+
+    @abstractmethod
+    def batch_loss(
+        self, logp: Tensor, batch: TrainBatch, *, weights: Tensor, ref_logp: Tensor | None = None
+    ) -> tuple[Tensor, PolicyMetrics | LikelihoodMetrics]:
+        """The trainer's one call: the scalar loss of a micro-batch and metrics, each loss
+        reading from `batch` only the fields it needs, so one trainer steps every loss.
+
+        logp: (b, t), the trainer's log-probs of `batch.targets`, with gradient. weights:
+        (b, t), this micro-batch's rows of `aggregation.weights(whole batch mask)`.
+        ref_logp: (b, t), the reference model's, when `needs_reference`.
+        """
+
+
+class PPOClipLoss(_Loss):
     """Clipped surrogate against the behaviour policy, plus an optional k3 KL penalty.
 
     Per token: `ppo_clip_loss(...) + kl_coef * kl_k3(...)`, then aggregated.
@@ -151,6 +179,23 @@ class PPOClipLoss(_Config):
     def needs_reference(self) -> bool:
         """Whether `compute` needs the reference model's log-probs."""
         return self.kl_coef > 0.0
+
+    def batch_loss(
+        self, logp: Tensor, batch: TrainBatch, *, weights: Tensor, ref_logp: Tensor | None = None
+    ) -> tuple[Tensor, PolicyMetrics]:
+        if batch.behaviour_logprobs is None or batch.advantages is None:
+            raise ValueError(
+                "the PPO clip loss needs the sampler's log-probs and advantages: "
+                "build the batch with TrainBatch.from_trajectories"
+            )
+        return self.compute(
+            logp,
+            batch.behaviour_logprobs,
+            batch.advantages,
+            batch.target_mask,
+            ref_logp=ref_logp,
+            weights=weights,
+        )
 
     def compute(
         self,
@@ -187,32 +232,31 @@ class PPOClipLoss(_Config):
         return (per_token * weights).sum(), metrics
 
 
-class SFTLoss(_Config):
+class SFTLoss(_Loss):
     """Supervised fine-tuning: the negative log-likelihood of every trained token.
 
     Per token `-logp`, which is `cross_entropy` of the full logits (the trainer computes
-    log-probs only where a token is trained), then aggregated like the RL losses. Advantages
-    and behaviour log-probs are ignored, so stored trajectories from any source train as
-    they are: the loss mask alone says which tokens are learned.
+    log-probs only where a token is trained), then aggregated like the RL losses. It reads
+    no advantages and no behaviour log-probs, so stored trajectories from any source train
+    as they are: the loss mask alone says which tokens are learned.
     """
 
     kind: Literal["sft"] = "sft"
     aggregation: AggregationConfig = Field(default_factory=TokenMean)
 
-    @property
-    def needs_reference(self) -> bool:
-        return False
+    def batch_loss(
+        self, logp: Tensor, batch: TrainBatch, *, weights: Tensor, ref_logp: Tensor | None = None
+    ) -> tuple[Tensor, LikelihoodMetrics]:
+        return self.compute(logp, batch.target_mask, weights=weights)
 
     def compute(
-        self,
-        logp: Tensor,
-        behaviour_logp: Tensor,
-        advantages: Tensor,
-        mask: Tensor,
-        ref_logp: Tensor | None = None,
-        weights: Tensor | None = None,
+        self, logp: Tensor, mask: Tensor, weights: Tensor | None = None
     ) -> tuple[Tensor, LikelihoodMetrics]:
-        """Same arguments as `PPOClipLoss.compute`; only logp, mask and weights are used."""
+        """The scalar loss to backpropagate, and metrics.
+
+        logp, mask: (B, T). weights: (B, T), as in `PPOClipLoss.compute`; default: this
+        batch is the whole batch.
+        """
         nll = torch.where(mask.bool(), -logp, 0.0)  # (B, T)
         if weights is None:
             weights = self.aggregation.weights(mask)  # (B, T)
@@ -230,4 +274,92 @@ class AlgorithmConfig(_Config):
     token-mean PPO clip with clip-higher, no KL."""
 
     advantage: AdvantageConfig = Field(default_factory=GRPOAdvantage)
+    """How a group's rewards become each rollout's advantage."""
     loss: LossConfig = Field(default_factory=PPOClipLoss)
+    """The per-token loss and how it is aggregated."""
+
+
+# ---- optimizer and trainer options ------------------------------------------------------
+
+
+class OptimConfig(Section):
+    """AdamW over the trainable parameters."""
+
+    lr: float = Field(1e-5, gt=0.0)
+    """Learning rate after warm-up."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW's decoupled weight decay."""
+    warmup_steps: int = Field(0, ge=0)
+    """Steps over which the learning rate rises linearly from lr / warmup_steps to lr."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """After warm-up: constant, or cosine decay to 0 at the last step."""
+    grad_clip: float = Field(1.0, gt=0.0)
+    """Gradients are scaled so their global norm is at most this."""
+
+
+class LoRAConfig(Section):
+    """Low-rank adapters through PEFT: only the adapters train, the base stays frozen."""
+
+    rank: int = Field(16, ge=1)
+    """Rank of each adapter's low-rank update."""
+    alpha: float = Field(32.0, gt=0.0)
+    """The update is scaled by alpha / rank."""
+    target_modules: str | list[str] = "all-linear"
+    """PEFT's module selection: "all-linear" (every linear layer but the LM head) or names."""
+
+
+class TrainerConfig(Section):
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    micro_batch_tokens: int = Field(1024, ge=1)
+    """Token budget of one forward/backward (rows x longest row); gradients accumulate.
+    Activations grow with it (~1.4 MB per token for SmolLM2-135M in fp32); on a CPU 1024
+    was both leaner and faster than 4096 (benchmarks/train_step.py)."""
+    precision: Literal["float32", "bfloat16"] = "float32"
+    """bfloat16: the decoder's matmuls run in bf16 under autocast (AMX on recent x86 CPUs,
+    tensor cores on GPUs); weights, gradients, optimizer state, the LM head and the
+    log-softmax stay float32."""
+    gradient_checkpointing: bool = False
+    """Recompute each layer's activations in backward: less memory, more compute."""
+    lora: LoRAConfig | None = None
+    """Train LoRA adapters instead of every weight; None: full fine-tuning."""
+    truncated: Literal["keep", "mask", "penalize"] = "keep"
+    """A completion cut off by a token or turn limit: keep (train on it with its reward),
+    mask (it still counts in its group's baseline but is left out of the loss, DAPO's
+    overlong filtering) or penalize (its reward becomes `truncation_penalty`)."""
+    truncation_penalty: float = 0.0
+    """The reward of a truncated completion when `truncated = "penalize"`."""
+
+    def for_budget(self, max_sampled_tokens: int) -> Self:
+        """This config with a constant-norm aggregation that names no constant given the
+        environment's generation budget, so the value is derived, not asked for twice."""
+        aggregation = self.algorithm.loss.aggregation
+        if not isinstance(aggregation, ConstantNorm) or aggregation.max_tokens is not None:
+            return self
+        loss = self.algorithm.loss.model_copy(
+            update={"aggregation": ConstantNorm(max_tokens=max_sampled_tokens)}
+        )
+        algorithm = self.algorithm.model_copy(update={"loss": loss})
+        return self.model_copy(update={"algorithm": algorithm})
+
+
+class SFTConfig(Section):
+    """`reinforge sft`: supervised warm-up on stored trajectories. The model, optimizer,
+    trainer and run sections apply as in RL; `run.steps` is derived from the data."""
+
+    data: list[Path] = Field(default_factory=list)
+    """Trajectory JSONL files, or folders: a `reinforge eval` output (trajectories.jsonl)
+    or a training run (trajectories/*.jsonl)."""
+    min_reward: float | None = None
+    """Keep only trajectories whose reward is at least this; None keeps every reward."""
+    statuses: list[Status] = Field(default_factory=lambda: [Status.OK])
+    """Keep only trajectories that ended so; a truncated one teaches an unfinished answer."""
+    epochs: int = Field(1, ge=1)
+    """Passes over the kept trajectories, each in a new order drawn from run.seed."""
+    batch_size: int = Field(32, ge=1)
+    """Trajectories per optimizer step."""
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _one_path(cls, value: Any) -> Any:
+        """`sft.data=runs/eval-arith` on the command line is one path, not a list."""
+        return [value] if isinstance(value, str | Path) else value

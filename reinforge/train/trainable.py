@@ -18,8 +18,8 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from reinforge.config import TrainerConfig
 from reinforge.policy.models import load_model, quiet_progress
+from reinforge.train.config import TrainerConfig
 
 ADAPTER = "adapter"
 

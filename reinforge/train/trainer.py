@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from reinforge.config import OptimConfig, TrainerConfig
 from reinforge.train.batching import TrainBatch, micro_batches
+from reinforge.train.config import OptimConfig, TrainerConfig
 from reinforge.train.logprobs import selective_logprobs
 from reinforge.train.losses import masked_mean
 from reinforge.train.trainable import is_adapter, reference_context
@@ -122,14 +122,9 @@ class Trainer:
                     part.targets,
                     with_entropy=True,
                 )  # (b, t), (b, t)
-            loss, metrics = self.loss.compute(
-                logp,
-                part.behaviour_logprobs,
-                part.advantages,
-                part.target_mask,
-                ref_logp=ref_logp,
-                weights=weights[rows][:, : part.width],  # (b, t)
-            )
+            loss, metrics = self.loss.batch_loss(
+                logp, part, weights=weights[rows][:, : part.width], ref_logp=ref_logp
+            )  # weights: (b, t)
             loss.backward()
             share = float(part.target_mask.sum()) / max(tokens, 1.0)
             totals["loss"] += loss.item()

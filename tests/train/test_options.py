@@ -12,11 +12,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from reinforge.config import load_config
+from reinforge.config import Config, load_config
 from reinforge.envs.registry import load_environment
-from reinforge.policy.client import PolicyClient, SamplingDefaults
+from reinforge.policy.client import PolicyClient
+from reinforge.policy.config import SamplingConfig
 from reinforge.policy.models import load_model
-from reinforge.rollout.generator import RolloutSettings, generate_groups
+from reinforge.rollout.config import RolloutConfig
+from reinforge.rollout.generator import generate_groups
 from reinforge.train.batching import TrainBatch
 from reinforge.train.trainable import full_weights, load_trainable
 from reinforge.train.trainer import Trainer, select_for_training
@@ -29,8 +31,8 @@ from ..commands import LENGTH_ENV, tiny_train
 async def batch(tiny_engine) -> TrainBatch:
     """16 sampled completions of the tiny model, every one trained."""
     env = load_environment(LENGTH_ENV)
-    client = PolicyClient.for_engine(tiny_engine, SamplingDefaults(max_tokens=8))
-    groups = await generate_groups(env, env.tasks(4), client, RolloutSettings(4, seed=1))
+    client = PolicyClient.for_engine(tiny_engine, SamplingConfig())
+    groups = await generate_groups(env, env.tasks(4), client, RolloutConfig(), 4, 1)
     trajectories = [t for g in groups for t in g.trajectories]
     return TrainBatch.from_trajectories(
         trajectories, [1.0 if i % 2 else -1.0 for i in range(len(trajectories))]
@@ -38,7 +40,7 @@ async def batch(tiny_engine) -> TrainBatch:
 
 
 def _trainer(*overrides: str, reference: torch.nn.Module | None = None):
-    config = load_config(None, ["optim.lr=1e-3", *overrides])
+    config = load_config(Config, None, ["optim.lr=1e-3", *overrides])
     model, _ = load_trainable("tiny-random", config.trainer)
     trainer = Trainer(model, config.trainer, config.optim, total_steps=4, reference=reference)
     return model, trainer
@@ -157,7 +159,7 @@ def _group(*rollouts: tuple[float, Status]) -> Group:
 def test_truncated_completions_follow_the_policy(policy, trained, advantages):
     group = _group((1.0, Status.OK), (0.0, Status.OK), (1.0, Status.TRUNCATED))
     config = load_config(
-        None, [f'trainer.truncated="{policy}"', "trainer.truncation_penalty=-1.0"]
+        Config, None, [f'trainer.truncated="{policy}"', "trainer.truncation_penalty=-1.0"]
     ).trainer
     selection = select_for_training([group], config)
     assert [t.index for t in selection.trajectories] == trained
@@ -174,7 +176,7 @@ def _run(tmp_path: Path, *extra: str) -> Path:
 
 
 def test_a_lora_run_with_a_bf16_sampler_checkpoints_a_merged_model_and_resumes(tmp_path):
-    run = _run(tmp_path, "trainer.lora.rank=4", 'model.sampler_dtype="bfloat16"', "optim.lr=1e-3")
+    run = _run(tmp_path, "trainer.lora.rank=4", 'engine.dtype="bfloat16"', "optim.lr=1e-3")
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in rows] == [1, 2]
     assert all(r["time"]["sync_s"] > 0 for r in rows)
@@ -186,7 +188,7 @@ def test_a_lora_run_with_a_bf16_sampler_checkpoints_a_merged_model_and_resumes(t
     assert any(
         not torch.equal(p, dict(base.named_parameters())[n]) for n, p in merged.named_parameters()
     )
-    config = load_config(None, ["trainer.lora.rank=4"])
+    config = load_config(Config, None, ["trainer.lora.rank=4"])
     resumed, _ = load_trainable("tiny-random", config.trainer, checkpoint)
     ids = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():

@@ -85,13 +85,12 @@ class Arithmetic(Environment):
 def load_environment(
     difficulty: int = 1,
     system_prompt: str | None = None,
-    max_tokens: int = 48,
     format_weight: float = 0.1,
 ) -> Arithmetic:
     """`system_prompt=None` leaves the chat template's own default system prompt."""
     if difficulty not in LEVELS:
         raise UsageError(f"arithmetic: difficulty must be one of {LEVELS}, got {difficulty!r}")
-    harness = Harness(system_prompt=system_prompt, max_turns=1, max_tokens_per_turn=max_tokens)
+    harness = Harness(system_prompt=system_prompt, max_turns=1, max_tokens_per_turn=48)
     rubric = Rubric(
         Reward(correct, 1.0),
         Reward(format_reward, format_weight, name="format"),

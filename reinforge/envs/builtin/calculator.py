@@ -190,7 +190,6 @@ class Calculator(Environment):
 
 def load_environment(
     max_turns: int = 4,
-    max_tokens: int = 128,
     tool_weight: float = 0.1,
     system_prompt: str | None = SYSTEM_PROMPT,
 ) -> Calculator:
@@ -198,7 +197,7 @@ def load_environment(
         system_prompt=system_prompt,
         tools=[Tool(calculate)],
         max_turns=max_turns,
-        max_tokens_per_turn=max_tokens,
+        max_tokens_per_turn=128,
     )
     rubric = Rubric(Reward(correct, 1.0), Reward(used_tool, tool_weight), pass_threshold=1.0)
     return Calculator(harness, rubric)

@@ -192,7 +192,6 @@ class TicTacToe(Environment):
 def load_environment(
     opponent: str = "random",
     play_as: str = "X",
-    max_tokens: int = 48,
     system_prompt: str | None = None,
 ) -> TicTacToe:
     """`play_as="alternate"` gives even-numbered tasks X and odd-numbered ones O."""
@@ -201,5 +200,5 @@ def load_environment(
     if play_as not in PLAY_AS:
         raise UsageError(f"tictactoe: play_as must be one of {PLAY_AS}, got {play_as!r}")
     # X moves at most 5 times and O 4, and the game answers Finished on its last move
-    harness = Harness(system_prompt=system_prompt, max_turns=5, max_tokens_per_turn=max_tokens)
+    harness = Harness(system_prompt=system_prompt, max_turns=5, max_tokens_per_turn=48)
     return TicTacToe(opponent, play_as, harness, Rubric(Reward(outcome), pass_threshold=1.0))

@@ -146,14 +146,11 @@ class Wordle(Environment):
 
 def load_environment(
     max_guesses: int = 6,
-    max_tokens: int = 48,
     speed_weight: float = 0.2,
     system_prompt: str | None = None,
 ) -> Wordle:
     if max_guesses < 1:
         raise UsageError(f"wordle: max_guesses must be at least 1, got {max_guesses!r}")
-    harness = Harness(
-        system_prompt=system_prompt, max_turns=max_guesses, max_tokens_per_turn=max_tokens
-    )
+    harness = Harness(system_prompt=system_prompt, max_turns=max_guesses, max_tokens_per_turn=48)
     rubric = Rubric(Reward(solved, 1.0), Reward(speed, speed_weight), pass_threshold=1.0)
     return Wordle(max_guesses, harness, rubric)

@@ -1,0 +1,160 @@
+"""The config reference (`docs/config.md`), generated from the config classes themselves so
+that it cannot drift from the code: every key, its type, its default and its docstring.
+
+`python -m reinforge.config_reference > docs/config.md` rewrites it; a test fails when the
+file is not what this module writes.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any, Literal
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from reinforge.config import Config, EvalConfig, ServeConfig
+
+ROOTS: list[tuple[str, type[BaseModel]]] = [
+    ("reinforge train / reinforge sft", Config),
+    ("reinforge eval", EvalConfig),
+    ("reinforge serve", ServeConfig),
+]
+
+HEADER = """# Config reference
+
+Generated from the config classes by `python -m reinforge.config_reference > docs/config.md`;
+a test checks that it is current. Every command reads its tree from an optional TOML file
+and dotted `key=value` overrides (values in TOML syntax: `run.steps=40`,
+`env.args.difficulty=2`, `engine.dtype="bfloat16"`); an unknown key or a wrong type is one
+line on stderr and exit code 2. A section that appears in several trees is the same class
+with the same defaults. Variants (`kind = ...`) are chosen by their `kind`; an override
+that names no kind keeps the default variant.
+"""
+
+
+def reference() -> str:
+    parts = [HEADER]
+    for title, root in ROOTS:
+        parts.append(f"\n## `{title}`: `{root.__name__}`")
+        parts.extend(_section(root, ""))
+    return "\n".join(parts)
+
+
+def _section(model: type[BaseModel], prefix: str) -> list[str]:
+    """A table of the plain keys of `model`, then each subsection after it."""
+    rows: list[str] = []
+    later: list[str] = []
+    for name, info in model.model_fields.items():
+        if name == "kind":  # the variant's heading names it
+            continue
+        key = f"{prefix}{name}"
+        nested = _models(info.annotation)
+        if len(nested) == 1 and not _is_union(info):
+            later.append(f"\n### `{key}`")
+            later.extend(_doc(nested[0], info))
+            later.extend(_section(nested[0], f"{key}."))
+        elif nested:
+            later.append(f"\n### `{key}`")
+            later.extend(_doc(None, info))
+            for variant in nested:
+                kind = _kind(variant)
+                label = f"`{key}` with kind = `{kind}`" if kind else f"`{key}`"
+                later.append(f"\n#### {label}")
+                later.extend(_doc(variant, None))
+                later.extend(_section(variant, f"{key}."))
+        else:
+            rows.append(
+                f"| `{key}` | {_type(info.annotation)} | {_default(info)} | {_text(info)} |"
+            )
+    table = ["| key | type | default | meaning |", "|---|---|---|---|", *rows] if rows else []
+    return [*(["", *table] if table else []), *later]
+
+
+def _doc(model: type[BaseModel] | None, info: FieldInfo | None) -> list[str]:
+    texts = [_clean(model.__doc__)] if model is not None and model.__doc__ else []
+    if info is not None and info.description:
+        texts.append(_clean(info.description))
+    if info is not None and _optional(info.annotation):
+        texts.append("Optional: absent (None) by default.")
+    return ["", " ".join(texts)] if texts else []
+
+
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    """The config classes a field holds: one, or the variants of a union."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    found: list[type[BaseModel]] = []
+    for arg in typing.get_args(annotation):
+        found.extend(_models(arg))
+    return found
+
+
+def _is_union(info: FieldInfo) -> bool:
+    return (
+        len(_models(info.annotation)) > 1 or typing.get_origin(info.annotation) is typing.Annotated
+    )
+
+
+def _optional(annotation: Any) -> bool:
+    return type(None) in typing.get_args(annotation)
+
+
+def _kind(model: type[BaseModel]) -> str | None:
+    field = model.model_fields.get("kind")
+    return None if field is None else str(field.default)
+
+
+def _type(annotation: Any) -> str:
+    if typing.get_origin(annotation) is Literal:
+        return " \\| ".join(f'"{value}"' for value in typing.get_args(annotation))
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _type(typing.get_args(annotation)[0])
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return " \\| ".join(_type(arg) for arg in typing.get_args(annotation))
+    if annotation is type(None):
+        return "none"
+    if typing.get_origin(annotation) in (list, dict):
+        return str(annotation).replace("typing.", "").replace("pathlib.", "")
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _default(info: FieldInfo) -> str:
+    if info.default_factory is not None:
+        value = info.default_factory()  # type: ignore[call-arg]
+    elif info.default is PydanticUndefined:
+        return "required"
+    else:
+        value = info.default
+    if value is None:
+        return "none"
+    if isinstance(value, BaseModel):
+        return "see below"
+    return f"`{value!s}`" if not isinstance(value, str) else f'`"{value}"`'
+
+
+def _text(info: FieldInfo) -> str:
+    description = _clean(info.description or "")
+    constraints = [_bound(m) for m in info.metadata if _bound(m)]
+    if constraints:
+        description = f"{description} ({', '.join(constraints)})".strip()
+    return description.replace("|", "\\|")
+
+
+def _bound(metadata: Any) -> str:
+    """`Ge(ge=1)` as `>= 1`; other metadata says nothing a reader needs."""
+    for attribute, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+        value = getattr(metadata, attribute, None)
+        if value is not None:
+            return f"{sign} {value}"
+    return ""
+
+
+def _clean(text: str) -> str:
+    return " ".join(text.split())
+
+
+if __name__ == "__main__":
+    print(reference(), end="")

@@ -1,0 +1,102 @@
+"""The SFT loop: warm-up steps over stored trajectories with the RL trainer and the SFT loss.
+
+The data (which trajectories, rendered how) comes from `reinforge.train.sft`; this module
+orders it into batches by seed and epoch, steps the trainer, and records the run the way
+an RL run is recorded, so `--resume` continues from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reinforge.config import Config
+from reinforge.errors import UsageError
+from reinforge.orchestrate.record import RunRecorder
+from reinforge.train.checkpoints import latest_checkpoint, load_trainer_state
+from reinforge.train.config import PPOClipLoss, SFTLoss
+from reinforge.train.sft import Example, epoch_batches, train_batch
+from reinforge.train.trainable import load_trainable
+from reinforge.train.trainer import Trainer
+
+
+def sft_config(config: Config, examples: int) -> Config:
+    """The config as SFT runs it: the SFT loss with the configured aggregation, and
+    `run.steps` derived from the data. Raises UsageError on RL-only loss settings."""
+    loss = config.trainer.algorithm.loss
+    if isinstance(loss, PPOClipLoss) and loss.model_fields_set - {"kind", "aggregation"}:
+        raise UsageError(
+            "sft trains with the SFT loss: of trainer.algorithm.loss only aggregation applies"
+        )
+    algorithm = config.trainer.algorithm.model_copy(
+        update={"loss": SFTLoss(aggregation=loss.aggregation)}
+    )
+    steps = config.sft.epochs * math.ceil(examples / config.sft.batch_size)
+    return config.model_copy(
+        update={
+            "trainer": config.trainer.model_copy(update={"algorithm": algorithm}),
+            "run": config.run.model_copy(update={"steps": steps}),
+        }
+    )
+
+
+def train_sft(
+    config: Config,
+    examples: list[Example],
+    on_step: Callable[[dict[str, Any]], None],
+    resume: bool = False,
+) -> Path:
+    """Train `config.sft.epochs` epochs over `examples` (config from `sft_config`), or what
+    is left of them after the run's last checkpoint; returns the run directory."""
+    run_dir = config.run_dir
+    checkpoint = latest_checkpoint(run_dir) if resume else None
+    if resume and checkpoint is None:
+        raise UsageError(f"nothing to resume: no checkpoint in {run_dir}")
+    torch.manual_seed(config.run.seed)  # LoRA's initial adapters
+    model, tokenizer = load_trainable(config.model.name, config.trainer, checkpoint)
+    trainer = Trainer(model, config.trainer, config.optim, total_steps=config.run.steps)
+    start = 0
+    if checkpoint is not None:
+        state = load_trainer_state(checkpoint)
+        if state["examples"] != len(examples):
+            raise UsageError(
+                f"cannot resume {run_dir}: it trained on {state['examples']} examples, "
+                f"the data now gives {len(examples)}"
+            )
+        trainer.load_state_dict(state)
+        start = state["step"]
+    schedule = [
+        (epoch, rows)
+        for epoch in range(config.sft.epochs)
+        for rows in epoch_batches(len(examples), config.sft.batch_size, config.run.seed, epoch)
+    ]
+    if len(schedule) != config.run.steps:
+        raise ValueError("train_sft needs the config of sft_config(config, len(examples))")
+    with RunRecorder(config, tokenizer, start) as recorder:
+        for step in range(start, len(schedule)):
+            epoch, rows = schedule[step]
+            started = time.perf_counter()
+            trained = trainer.step(train_batch([examples[row] for row in rows]))
+            metrics = _step_metrics(step, epoch, len(rows), trained, started)
+            recorder.record(step, metrics, trainer, {"examples": len(examples)})
+            on_step(metrics)
+    return run_dir
+
+
+def _step_metrics(
+    step: int, epoch: int, sequences: int, trained: dict[str, float], started: float
+) -> dict[str, Any]:
+    seconds = time.perf_counter() - started
+    return {
+        "step": step,
+        "epoch": epoch,
+        "sequences": sequences,
+        **trained,
+        "time_s": seconds,
+        "tokens_per_s": trained["trained_tokens"] / seconds,
+    }

@@ -1,0 +1,60 @@
+"""The policy's config sections: which model, how the engine runs, how it samples, and how
+the server answers. Each value has its home here; the engine, server and client are built
+from these sections and declare no defaults of their own."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from reinforge.policy.specs import DEFAULT_MODEL
+from reinforge.types import Section
+
+Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
+"""OpenAI's range; the server's request schema checks requests against the same type."""
+TopP = Annotated[float, Field(gt=0.0, le=1.0)]
+
+
+class ModelConfig(Section):
+    name: str = DEFAULT_MODEL
+    """smollm2-135m, tiny-random, or a local Hugging Face model folder; `reinforge eval`
+    also takes the http(s)://.../v1 URL of an OpenAI-compatible server."""
+    served_name: str | None = None
+    """The model to request from a server given by URL; None: the first it lists."""
+
+
+class EngineConfig(Section):
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Precision the engine samples in; a trainer keeps fp32 weights. bfloat16 samples
+    faster but from rounded weights, whose rounding noise outgrows small learning-rate
+    updates: on the main job it learned less (benchmarks/README.md)."""
+    max_batch: int = Field(64, ge=1)
+    """Most sequences decoded together; more requests wait for a row to finish."""
+    prefix_cache_mib: int = Field(1024, ge=0)
+    """Memory for the KV states of finished sequences, so a conversation's next turn
+    computes only its new tokens. 0 turns the cache off."""
+    admit_group: int = Field(8, ge=1)
+    """New requests join a running batch once this many wait (a prefill costs about a
+    decode step whatever its size)..."""
+    admit_wait_steps: int = Field(4, ge=0)
+    """...or once the first of them has waited this many decode steps."""
+
+
+class SamplingConfig(Section):
+    """Defaults for requests that do not set these themselves."""
+
+    temperature: Temperature = 1.0
+    """Divides the logits before sampling; 0 samples greedily."""
+    top_p: TopP = 1.0
+    """Nucleus sampling: draw from the smallest set of tokens whose probability reaches it."""
+
+
+class ServerConfig(Section):
+    host: str = "127.0.0.1"
+    """Address to listen on; the default answers this machine only."""
+    port: int = Field(8000, ge=0, le=65535)
+    """TCP port to listen on."""
+    max_tokens: int = Field(512, ge=1)
+    """Completion tokens for a request that names no limit (less where the context ends)."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
