@@ -87,3 +87,10 @@ def test_the_config_reference_is_current():
     """docs/config.md is generated from the config classes; regenerate it with
     `python -m reinforge.config_reference > docs/config.md`."""
     assert (ROOT / "docs" / "config.md").read_text(encoding="utf-8") == reference()
+
+
+def test_options_may_sit_between_positional_arguments():
+    args = parse(build_parser(), ["train", "run.toml", "--resume", "run.steps=3"])
+    assert args.resume and str(args.config) == "run.toml" and args.overrides == ["run.steps=3"]
+    args = parse(build_parser(), ["eval", "arithmetic", "--tasks", "2", "eval.seed=1"])
+    assert args.env == "arithmetic" and args.overrides == ["eval.seed=1"]
