@@ -1,6 +1,6 @@
 """`reinforge` command line: each subcommand is a thin module over library calls.
 
-Every command module exposes `register(subparsers)`, which adds its parser and sets
+Every command module exposes `add_arguments(parser)`, which adds its arguments and sets
 `func` to a callable taking the parsed namespace and returning an exit code. A user
 mistake raises `UsageError`: one clear line on stderr and exit code 2, never a traceback.
 """
@@ -9,28 +9,38 @@ from __future__ import annotations
 
 import argparse
 import sys
+from importlib import import_module
 
 from reinforge.errors import UsageError
 
+COMMANDS = {
+    "serve": "serve a model over an OpenAI-compatible API (token ids included)",
+    "eval": "evaluate a model on an environment",
+    "train": "train a model with RL on an environment",
+    "sft": "fine-tune a model on stored trajectories (SFT warm-up)",
+    "sandbox": "run a command in a fresh sandbox, or benchmark sandboxes",
+}
+"""Each is the module `reinforge.commands.<name>`, with `add_arguments(parser)`."""
 
-def build_parser() -> argparse.ArgumentParser:
-    from reinforge.commands import eval as eval_cmd
-    from reinforge.commands import sandbox as sandbox_cmd
-    from reinforge.commands import serve as serve_cmd
-    from reinforge.commands import sft as sft_cmd
-    from reinforge.commands import train as train_cmd
 
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, with the arguments of `command` only (of all when None):
+    a command's arguments may need its config classes, whose imports (torch, openai) one
+    command should not pay for another's."""
     parser = argparse.ArgumentParser(
         prog="reinforge", description="Train LLM agents with reinforcement learning."
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (serve_cmd, eval_cmd, train_cmd, sft_cmd, sandbox_cmd):
-        module.register(subparsers)
+    for name, summary in COMMANDS.items():
+        sub = subparsers.add_parser(name, help=summary, description=summary)
+        if command in (None, name):
+            import_module(f"reinforge.commands.{name}").add_arguments(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse(build_parser(), sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse(build_parser(argv[0] if argv else None), argv)
     try:
         return int(args.func(args) or 0)
     except UsageError as error:

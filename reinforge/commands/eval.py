@@ -34,8 +34,7 @@ FLAGS = (
 )
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("eval", help="evaluate a model on an environment")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "env", nargs="?", help="built-in or installed name, path/to/env.py, or module:fn"
     )

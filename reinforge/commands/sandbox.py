@@ -28,10 +28,7 @@ def parse_size(text: str) -> int:
     return size
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "sandbox", help="run a command in a fresh sandbox, or benchmark sandboxes"
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="sandbox_command", required=True, metavar="SUBCOMMAND")
 
     run = commands.add_parser(

@@ -22,10 +22,7 @@ FLAGS = (
 )
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "serve", help="serve a model over an OpenAI-compatible API (token ids included)"
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_overrides(parser, "server.max_tokens=256 server.sampling.temperature=0.7")
     add_config_file(parser)
     add_flags(parser, ServeConfig, FLAGS)

@@ -8,10 +8,7 @@ from typing import Any
 from reinforge.commands.config_args import add_config_arguments
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "sft", help="fine-tune a model on stored trajectories (SFT warm-up)"
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, "sft.data=runs/eval-arith sft.min_reward=1 optim.lr=1e-5")
     parser.set_defaults(func=run)
 

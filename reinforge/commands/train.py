@@ -8,8 +8,7 @@ import asyncio
 from reinforge.commands.config_args import add_config_arguments
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("train", help="train a model with RL on an environment")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, "run.steps=40 optim.lr=2e-5")
     parser.set_defaults(func=run)
 

@@ -17,9 +17,9 @@ from reinforge.sandbox import LocalProvider
 
 
 def run_cli(*argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="reinforge")
-    sandbox_cmd.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
+    parser = argparse.ArgumentParser(prog="reinforge sandbox")
+    sandbox_cmd.add_arguments(parser)
+    args = parser.parse_args(argv[1:])
     return args.func(args)
 
 
