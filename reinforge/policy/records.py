@@ -38,24 +38,32 @@ def masked_spans(loss_mask: list[int]) -> list[tuple[int, int]]:
     return spans
 
 
-def is_own_record(trajectory: Trajectory, tokenizer: PreTrainedTokenizerBase) -> bool:
-    """Whether this tokenizer wrote the token record: each sampled span decodes to its
-    assistant message (less a final EOS token). A record from a server of another model,
-    in another vocabulary, does not, and must be rendered from its messages instead."""
-    ids = trajectory.token_ids
-    if not ids or max(ids) >= len(tokenizer):
-        return False
-    texts = [m.get("content") or "" for m in trajectory.messages if m.get("role") == "assistant"]
-    spans = masked_spans(trajectory.loss_mask)
-    if len(spans) != len(texts):
-        return False
-    for (start, end), text in zip(spans, texts, strict=True):
+def sampled_texts(
+    ids: list[int], loss_mask: list[int], tokenizer: PreTrainedTokenizerBase
+) -> list[str]:
+    """The text of each sampled span, less the EOS token that ended its turn."""
+    texts: list[str] = []
+    for start, end in masked_spans(loss_mask):
         sampled = ids[start:end]
         if sampled[-1] == tokenizer.eos_token_id:
             sampled = sampled[:-1]
-        if tokenizer.decode(sampled) != text:
-            return False
-    return True
+        texts.append(tokenizer.decode(sampled))
+    return texts
+
+
+def _assistant_texts(messages: list[Message]) -> list[str]:
+    return [m.get("content") or "" for m in messages if m.get("role") == "assistant"]
+
+
+def is_own_record(trajectory: Trajectory, tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether this tokenizer wrote the token record: each sampled span decodes to its
+    assistant message. A record from a server of another model, in another vocabulary,
+    does not, and must be rendered from its messages instead."""
+    ids = trajectory.token_ids
+    if not ids or max(ids) >= len(tokenizer):
+        return False
+    texts = sampled_texts(ids, trajectory.loss_mask, tokenizer)
+    return texts == _assistant_texts(trajectory.messages)
 
 
 def token_record_problems(
@@ -77,15 +85,12 @@ def token_record_problems(
             f"decoded tokens differ from the rendered conversation at char {at}: "
             f"{decoded[at : at + 40]!r} vs {rendered[at : at + 40]!r}"
         )
-    assistant = [m for m in trajectory.messages if m.get("role") == "assistant"]
-    spans = masked_spans(mask)
-    if len(spans) != len(assistant):
-        problems.append(f"{len(spans)} sampled spans but {len(assistant)} assistant messages")
-    for number, ((start, end), message) in enumerate(zip(spans, assistant, strict=False)):
-        sampled = ids[start:end]
-        if sampled and sampled[-1] == tokenizer.eos_token_id:
-            sampled = sampled[:-1]
-        if tokenizer.decode(sampled) != (message.get("content") or ""):
+    texts = sampled_texts(ids, mask, tokenizer)
+    assistant = _assistant_texts(trajectory.messages)
+    if len(texts) != len(assistant):
+        problems.append(f"{len(texts)} sampled spans but {len(assistant)} assistant messages")
+    for number, (text, expected) in enumerate(zip(texts, assistant, strict=False)):
+        if text != expected:
             problems.append(f"assistant turn {number}: sampled tokens do not decode to its text")
     return problems
 
