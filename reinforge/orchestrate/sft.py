@@ -7,7 +7,6 @@ an RL run is recorded, so `--resume` continues from the last checkpoint.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +19,7 @@ from reinforge.errors import UsageError
 from reinforge.orchestrate.record import RunRecorder
 from reinforge.train.checkpoints import latest_checkpoint, load_trainer_state
 from reinforge.train.config import PPOClipLoss, SFTLoss
-from reinforge.train.sft import Example, epoch_batches, train_batch
+from reinforge.train.sft import Example, schedule, train_batch
 from reinforge.train.trainable import load_trainable
 from reinforge.train.trainer import Trainer
 
@@ -36,7 +35,7 @@ def sft_config(config: Config, examples: int) -> Config:
     algorithm = config.trainer.algorithm.model_copy(
         update={"loss": SFTLoss(aggregation=loss.aggregation)}
     )
-    steps = config.sft.epochs * math.ceil(examples / config.sft.batch_size)
+    steps = len(schedule(examples, config.sft, config.run.seed))
     return config.model_copy(
         update={
             "trainer": config.trainer.model_copy(update={"algorithm": algorithm}),
@@ -70,16 +69,10 @@ def train_sft(
             )
         trainer.load_state_dict(state)
         start = state["step"]
-    schedule = [
-        (epoch, rows)
-        for epoch in range(config.sft.epochs)
-        for rows in epoch_batches(len(examples), config.sft.batch_size, config.run.seed, epoch)
-    ]
-    if len(schedule) != config.run.steps:
-        raise ValueError("train_sft needs the config of sft_config(config, len(examples))")
+    steps = schedule(len(examples), config.sft, config.run.seed)
     with RunRecorder(config, tokenizer, start) as recorder:
-        for step in range(start, len(schedule)):
-            epoch, rows = schedule[step]
+        for step in range(start, len(steps)):
+            epoch, rows = steps[step]
             started = time.perf_counter()
             trained = trainer.step(train_batch([examples[row] for row in rows]))
             metrics = _step_metrics(step, epoch, len(rows), trained, started)

@@ -1,7 +1,8 @@
 """SFT warm-up from stored trajectories: the batches, masks and trainer of RL, another loss.
 
 A trajectory whose token record this model's tokenizer wrote trains on exactly those tokens
-and that loss mask, never re-tokenized (DESIGN.md, principle 1). One that holds only
+and that loss mask, never re-tokenized (re-tokenized text can differ from what was
+sampled, and training must condition on exactly what the policy saw). One that holds only
 messages (from another OpenAI-compatible server), or another vocabulary's tokens, is
 rendered with the model's chat template as a reinforge episode of the same conversation
 would record it (`policy.records.render_messages`), each assistant turn trained through the
@@ -145,3 +146,12 @@ def epoch_batches(count: int, batch_size: int, seed: int, epoch: int) -> list[li
     order = list(range(count))
     random.Random(f"{seed}/{epoch}").shuffle(order)
     return [order[start : start + batch_size] for start in range(0, count, batch_size)]
+
+
+def schedule(count: int, config: SFTConfig, seed: int) -> list[tuple[int, list[int]]]:
+    """(epoch, example indices) of every step, in order: the run's steps are its length."""
+    return [
+        (epoch, rows)
+        for epoch in range(config.epochs)
+        for rows in epoch_batches(count, config.batch_size, seed, epoch)
+    ]
