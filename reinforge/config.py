@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from pydantic import Field, ValidationError
 
 from reinforge.envs.config import EnvConfig
-from reinforge.errors import ConfigError, UsageError
+from reinforge.errors import ConfigError, UsageError, first_problem
 from reinforge.orchestrate.config import RunConfig
 from reinforge.policy.config import EngineConfig, ModelConfig, ServerConfig
 from reinforge.rollout.config import RolloutConfig, TrainRolloutConfig
@@ -100,18 +100,7 @@ def load_config(
     try:
         return root.model_validate(data)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        problem = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
-        raise ConfigError(where, problem) from error
-
-
-def load_command_config(root: type[Root], first: Path | None, overrides: list[str]) -> Root:
-    """`reinforge COMMAND [CONFIG.toml] [KEY=VALUE ...]`: argparse cannot tell an optional
-    file from the first override, so a first argument holding "=" is an override."""
-    if first is not None and "=" in str(first):
-        return load_config(root, None, [str(first), *overrides])
-    return load_config(root, first, overrides)
+        raise ConfigError(*first_problem(error)) from error
 
 
 def parse_value(text: str) -> Any:

@@ -1,5 +1,9 @@
 """Errors that mean "the user asked for something wrong", reported without a traceback."""
 
+from __future__ import annotations
+
+from pydantic import ValidationError
+
 
 class UsageError(Exception):
     """Bad input from the user: unknown environment, unreachable URL, malformed option."""
@@ -12,3 +16,12 @@ class ConfigError(UsageError):
         super().__init__(f"config {key}: {problem}")
         self.key = key
         self.problem = problem
+
+
+def first_problem(error: ValidationError) -> tuple[str, str]:
+    """The dotted path and the message of a validation error's first problem: one line is
+    what a user reads, and the first problem is usually the cause of the rest."""
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    problem = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+    return where, problem

@@ -30,9 +30,23 @@ class Flag:
     metavar: str | None = None
 
 
+def positional_or_override(first: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
+    """argparse cannot tell an optional positional (a config file, an environment) from the
+    first `KEY=VALUE` override, so a first argument holding "=" is an override."""
+    if first is not None and "=" in first:
+        return None, [first, *overrides]
+    return first, overrides
+
+
+def load_command_config(root: type[Root], args: argparse.Namespace) -> Root:
+    """`reinforge train|sft [CONFIG.toml] [KEY=VALUE ...]`."""
+    first, overrides = positional_or_override(args.config, args.overrides)
+    return load_config(root, None if first is None else Path(first), overrides)
+
+
 def add_config_arguments(parser: argparse.ArgumentParser, example: str) -> None:
     """`[CONFIG.toml] [KEY=VALUE ...] [--resume]`; `example` shows a few overrides."""
-    parser.add_argument("config", type=Path, nargs="?", help="TOML config (only overrides)")
+    parser.add_argument("config", nargs="?", help="TOML config (only overrides)")
     add_overrides(parser, example)
     parser.add_argument(
         "--resume", action="store_true", help="continue the run from its last checkpoint"

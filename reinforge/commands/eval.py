@@ -15,6 +15,7 @@ from reinforge.commands.config_args import (
     add_overrides,
     key_values,
     load_with_flags,
+    positional_or_override,
 )
 from reinforge.config import EvalConfig
 
@@ -45,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--env-arg",
         action="append",
         default=[],
-        metavar="KEY=VALUE",
+        metavar="NAME=VALUE",
         help="argument for the environment's loader, parsed as a TOML value (repeatable)",
     )
     parser.set_defaults(func=run)
@@ -54,11 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def load(args: argparse.Namespace) -> EvalConfig:
     """The config of the command line: the file, the flags (ENV and `--env-arg` too), then
     the `KEY=VALUE` overrides."""
-    overrides = list(args.overrides)
-    env = args.env
-    if env is not None and "=" in env:  # no ENV given: the first is an override
-        overrides.insert(0, env)
-        env = None
+    env, overrides = positional_or_override(args.env, args.overrides)
     pairs = key_values(args.env_arg, "env.args", "--env-arg")
     if env is not None:
         pairs["env.name"] = env

@@ -16,11 +16,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from reinforge.commands.config_args import load_command_config
     from reinforge.commands.view import TrainView
-    from reinforge.config import Config, load_command_config
+    from reinforge.config import Config
     from reinforge.orchestrate.sync import train
 
-    config = load_command_config(Config, args.config, args.overrides)
+    config = load_command_config(Config, args)
     console = Console(stderr=True)
     console.print(f"run directory: {config.run_dir}")
     with TrainView(console, config.run.steps) as view:

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from reinforge.errors import UsageError
+from reinforge.errors import UsageError, first_problem
 from reinforge.types import Group, Trajectory
 
 
@@ -61,9 +61,8 @@ def iter_trajectories(path: Path) -> Iterator[tuple[str, Trajectory]]:
             try:
                 trajectory = Trajectory.model_validate_json(line)
             except ValidationError as error:
-                first = error.errors()[0]
-                where = ".".join(str(p) for p in first["loc"])
-                problem = f"{where}: {first['msg']}" if where else first["msg"]
+                where, problem = first_problem(error)
+                problem = f"{where}: {problem}" if where else problem
                 raise UsageError(f"{path}:{number} is not a trajectory: {problem}") from error
             yield f"{path}:{number}", trajectory
 
