@@ -1,0 +1,99 @@
+"""Two revisions of reinforge side by side: does a change move the figures?
+
+Each revision is checked out into a temporary git worktree and run from there (its own
+code on PYTHONPATH, the same interpreter and packages), in interleaved rounds so that
+machine noise hits both alike. Two workloads, each the revision's own command line:
+
+- `eval`: `reinforge eval arithmetic --model smollm2-135m --tasks 32 --max-tokens 48`
+  (the engine, server and rollout path); figure: sampled tokens/s from summary.json;
+- `train`: the main job, `reinforge train examples/arithmetic.toml run.steps=3`;
+  figure: median step seconds from metrics.jsonl (rollout + train + sync).
+
+    python benchmarks/revisions.py BASE [HEAD] [--rounds 3] [--json out.json]
+
+HEAD defaults to the working tree as committed (`HEAD`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def checkout(revision: str, into: Path) -> Path:
+    subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "add", "--detach", "-q", str(into), revision],
+        check=True,
+    )
+    return into
+
+
+def run(tree: Path, args: list[str]) -> None:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run(
+        [sys.executable, "-m", "reinforge", *args], cwd=tree, env=env, capture_output=True
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{tree}: reinforge {' '.join(args)} failed:\n{done.stderr.decode()}")
+
+
+def eval_tokens_per_s(tree: Path, scratch: Path) -> float:
+    out = scratch / "eval"
+    run(tree, ["eval", "arithmetic", "--model", "smollm2-135m", "--tasks", "32",
+               "--max-tokens", "48", "--out", str(out)])  # fmt: skip
+    return json.loads((out / "summary.json").read_text())["sampled_tokens_per_s"]
+
+
+def train_step_s(tree: Path, scratch: Path) -> float:
+    run(tree, ["train", "examples/arithmetic.toml", "run.steps=3", f"run.dir={scratch}",
+               "run.name=r"])  # fmt: skip
+    rows = (scratch / "r" / "metrics.jsonl").read_text().splitlines()
+    return statistics.median(json.loads(row)["time"]["total_s"] for row in rows)
+
+
+WORKLOADS = {"eval tok/s": eval_tokens_per_s, "train step s": train_step_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("base")
+    parser.add_argument("head", nargs="?", default="HEAD")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    results: dict[str, dict[str, list[float]]] = {}
+    with tempfile.TemporaryDirectory() as temp:
+        trees = {rev: checkout(rev, Path(temp) / f"tree{i}")
+                 for i, rev in enumerate((args.base, args.head))}  # fmt: skip
+        try:
+            for round_ in range(args.rounds):
+                for name, workload in WORKLOADS.items():
+                    order = list(trees) if round_ % 2 == 0 else list(reversed(trees))
+                    for rev in order:
+                        with tempfile.TemporaryDirectory() as scratch:
+                            value = workload(trees[rev], Path(scratch))
+                        results.setdefault(name, {}).setdefault(rev, []).append(value)
+                        print(f"round {round_ + 1} {name} {rev}: {value:.2f}", flush=True)
+        finally:
+            for tree in trees.values():
+                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force",
+                                str(tree)], check=False)  # fmt: skip
+    print(f"\n| workload | {args.base} (median) | {args.head} (median) | ratio |")
+    print("|---|---|---|---|")
+    for name, by_rev in results.items():
+        base, head = (statistics.median(by_rev[r]) for r in (args.base, args.head))
+        print(f"| {name} | {base:.2f} | {head:.2f} | {head / base:.2f}x |")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
