@@ -59,14 +59,13 @@ def add_overrides(parser: argparse.ArgumentParser, example: str) -> None:
     )
 
 
-def add_config_file(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", type=Path, help="TOML config file (only overrides)")
-
-
-def add_flags(
-    parser: argparse.ArgumentParser, root: type[BaseModel], flags: Sequence[Flag]
+def add_flag_arguments(
+    parser: argparse.ArgumentParser, root: type[BaseModel], flags: Sequence[Flag], example: str
 ) -> None:
-    """One argument per flag; unset flags leave the config alone (argparse.SUPPRESS)."""
+    """`[KEY=VALUE ...] [--config FILE]` and one argument per flag; unset flags leave the
+    config alone (argparse.SUPPRESS). `example` shows a few overrides."""
+    add_overrides(parser, example)
+    parser.add_argument("--config", type=Path, help="TOML config file (only overrides)")
     defaults = root()
     for flag in flags:
         description, default = _field(root, defaults, flag.key)

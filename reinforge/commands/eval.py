@@ -10,9 +10,7 @@ from typing import Any
 
 from reinforge.commands.config_args import (
     Flag,
-    add_config_file,
-    add_flags,
-    add_overrides,
+    add_flag_arguments,
     key_values,
     load_with_flags,
     positional_or_override,
@@ -39,9 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "env", nargs="?", help="built-in or installed name, path/to/env.py, or module:fn"
     )
-    add_overrides(parser, "rollout.concurrency=8 env.args.difficulty=2")
-    add_config_file(parser)
-    add_flags(parser, EvalConfig, FLAGS)
+    add_flag_arguments(parser, EvalConfig, FLAGS, "rollout.concurrency=8 env.args.difficulty=2")
     parser.add_argument(
         "--env-arg",
         action="append",

@@ -6,9 +6,7 @@ import argparse
 
 from reinforge.commands.config_args import (
     Flag,
-    add_config_file,
-    add_flags,
-    add_overrides,
+    add_flag_arguments,
     load_with_flags,
 )
 from reinforge.config import ServeConfig
@@ -23,9 +21,9 @@ FLAGS = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_overrides(parser, "server.max_tokens=256 server.sampling.temperature=0.7")
-    add_config_file(parser)
-    add_flags(parser, ServeConfig, FLAGS)
+    add_flag_arguments(
+        parser, ServeConfig, FLAGS, "server.max_tokens=256 server.sampling.temperature=0.7"
+    )
     parser.set_defaults(func=run)
 
 
