@@ -1,7 +1,13 @@
 import asyncio
+import time
+from collections.abc import Iterator
 
+import pytest
 import torch
 
+from reinforge.policy.config import EngineConfig
+from reinforge.policy.engine import Engine
+from reinforge.policy.models import load_model
 from reinforge.policy.sampling import SamplingParams
 
 
@@ -127,3 +133,61 @@ async def test_new_weights_drop_cached_states(tiny_engine):
     cached_before = tiny_engine.stats.cached_tokens
     await tiny_engine.generate(prompt + first.token_ids, sampling(max_tokens=2, seed=1))
     assert tiny_engine.stats.cached_tokens == cached_before
+
+
+@pytest.fixture
+def own_engine() -> Iterator[Engine]:
+    """An engine of its own, for tests that change its weights mid-generation."""
+    model, tokenizer = load_model("tiny-random")
+    engine = Engine(model, tokenizer, "tiny-random", EngineConfig())
+    yield engine
+    engine.close()
+
+
+def test_a_request_in_flight_across_an_update_keeps_exact_logprobs(own_engine):
+    # A stale KV cache would feed old-weight states to new-weight steps: the tokens after
+    # the update would then match neither policy.
+    model = own_engine.model
+    old = {name: p.detach().clone() for name, p in model.named_parameters()}
+    noise = torch.Generator().manual_seed(0)
+    new = {n: p + 0.05 * torch.randn(p.shape, generator=noise) for n, p in old.items()}
+    prompt = list(range(5, 17))
+    future = own_engine.submit(prompt, sampling(max_tokens=64, seed=7))
+    while own_engine.stats.generated_tokens < 3:
+        time.sleep(0.001)
+    with own_engine.paused():  # a weight update may be nested in a pause
+        assert not future.done()
+        assert own_engine.update_weights(new) == 1
+    completion = future.result(timeout=120)
+
+    versions = completion.policy_versions
+    old_tokens = versions.count(0)
+    assert len(versions) == 64 and old_tokens >= 3
+    assert versions == [0] * old_tokens + [1] * (64 - old_tokens)
+    assert own_engine.stats.recomputed_tokens == len(prompt) + old_tokens - 1
+    expected = {}
+    for version, state in ((0, old), (1, new)):
+        own_engine.update_weights(state)
+        expected[version] = teacher_forced_logprobs(own_engine, prompt, completion.token_ids)
+    per_token = torch.stack([expected[v][i] for i, v in enumerate(versions)])
+    assert torch.allclose(torch.tensor(completion.logprobs), per_token, atol=1e-4)
+
+
+def test_paused_engine_decodes_nothing_until_resumed(tiny_engine):
+    with tiny_engine.paused():
+        generated = tiny_engine.stats.generated_tokens
+        future = tiny_engine.submit([10, 20, 30], sampling(max_tokens=4, seed=2))
+        time.sleep(0.1)
+        assert tiny_engine.stats.generated_tokens == generated and not future.done()
+    assert len(future.result(timeout=60).token_ids) == 4
+
+
+def test_weight_update_bumps_the_version_once_and_times_itself(tiny_engine):
+    version, sync_s = tiny_engine.version, tiny_engine.stats.sync_s
+    with tiny_engine.weight_update() as new_version:
+        assert tiny_engine.version == version  # the version changes with the weights
+    assert new_version == tiny_engine.version == version + 1
+    assert tiny_engine.stats.sync_s > sync_s
+    with pytest.raises(RuntimeError), tiny_engine.weight_update():
+        raise RuntimeError("optimizer step failed")
+    assert tiny_engine.version == version + 1

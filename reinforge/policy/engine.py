@@ -3,8 +3,12 @@
 One background thread owns the model. Each iteration it admits waiting requests (one
 batched prefill, merged into the running batch's KV cache with left padding), decodes one
 token for every running row, and drops rows that finished, so a short completion never
-waits for a long one and the batch never decodes padding rows. `update_weights` runs
-between decode steps; every sampled token records the policy version that produced it.
+waits for a long one and the batch never decodes padding rows.
+
+Weights change between two decode steps (`weight_update`, `update_weights`), never during
+one. An update bumps the policy version, drops the prefix cache and has the rows still
+generating recompute their KV cache under the new weights before their next token, so
+every sampled token comes wholly from the policy version it records.
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ import asyncio
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -64,6 +69,10 @@ class EngineStats:
     cached_tokens: int = 0
     decode_steps: int = 0
     busy_s: float = 0.0
+    recomputed_tokens: int = 0
+    """Tokens of running rows whose states were computed again after a weight update."""
+    sync_s: float = 0.0
+    """Time spent in weight updates, waiting for the engine's lock included."""
 
 
 class Engine:
@@ -88,7 +97,10 @@ class Engine:
         self.stats = EngineStats()
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._prefixes = PrefixCache(config.prefix_cache_mib << 20)
-        self._lock = threading.Lock()  # held during a model step and a weight update
+        # Held during a model step and a weight update; reentrant so that a weight update
+        # can happen inside `paused()` on the same thread.
+        self._lock = threading.RLock()
+        self._stale = False  # running rows hold states of older weights (under the lock)
         self._inbox: queue.Queue[_Request | None] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="reinforge-engine", daemon=True)
         self._thread.start()
@@ -121,12 +133,40 @@ class Engine:
         unknown = [name for name in state if name not in params]
         if unknown:
             raise KeyError(f"unknown parameter names: {unknown[:5]}")
-        with self._lock, torch.no_grad():
+        with self.weight_update() as version, torch.no_grad():
             for name, tensor in state.items():
                 params[name].copy_(tensor)
-            self._prefixes.clear()
-            self.version += 1
-            return self.version
+        return version
+
+    @contextmanager
+    def weight_update(self) -> Iterator[int]:
+        """Change the model's weights in the body, e.g. a shared model's `optimizer.step()`.
+
+        The body runs between two decode steps, so no step sees half-updated weights, and
+        the version changes with the weights, not a step before or after. On a normal exit
+        the prefix cache is dropped, the version bumped and the running rows recompute
+        their states before their next token. Yields the version the new weights will
+        carry. If the body raises, nothing changes but the time spent: the caller knows
+        best what state it left the weights in.
+        """
+        started = time.perf_counter()
+        try:
+            with self._lock:
+                yield self.version + 1
+                self._prefixes.clear()
+                self._stale = True
+                self.version += 1
+        finally:
+            self.stats.sync_s += time.perf_counter() - started
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold decoding for the body (e.g. a trainer's step on the shared model).
+
+        The version does not change; a `weight_update()` may be entered inside.
+        """
+        with self._lock:
+            yield
 
     def close(self) -> None:
         self._inbox.put(None)
@@ -166,6 +206,9 @@ class Engine:
             try:
                 started = time.perf_counter()
                 with self._lock, torch.inference_mode():
+                    if self._stale:
+                        self._stale = False
+                        self._recompute(batch)
                     if arrivals:
                         self._prefill(batch, arrivals)
                     if batch.requests:
@@ -228,6 +271,36 @@ class Engine:
             cache.batch_select_indices(rows)
         batch.merge(arrivals, cache, mask.index_select(0, rows))
         self._accept(batch, logits.index_select(0, rows), len(batch.requests) - len(arrivals))
+
+    def _recompute(self, batch: _Batch) -> None:
+        """Replace the running rows' KV cache with one computed under the current weights.
+
+        States from older weights would make the next tokens a mix of two policies while
+        they record the new version alone. Each row's fed tokens (its prompt and all
+        sampled tokens but the last, which `_decode` feeds next) are computed again in one
+        left-padded forward, laid out as `_prefill` lays out a prompt with nothing cached.
+        """
+        if not batch.requests:
+            return
+        fed = [[*r.prompt_ids, *r.completion.token_ids[:-1]] for r in batch.requests]
+        width = max(len(tokens) for tokens in fed)
+        ids = torch.full((len(fed), width), self._pad_id, dtype=torch.long)  # (B, L)
+        mask = torch.zeros((len(fed), width), dtype=torch.long)  # (B, L)
+        for row, tokens in enumerate(fed):
+            ids[row, width - len(tokens) :] = torch.tensor(tokens)
+            mask[row, width - len(tokens) :] = 1
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # (B, L)
+        cache = roomy_cache()
+        self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        batch.cache, batch.mask = cache, mask
+        self.stats.recomputed_tokens += sum(len(tokens) for tokens in fed)
 
     def _decode(self, batch: _Batch) -> None:
         """One token for every running row (those prefilled in this iteration included)."""
