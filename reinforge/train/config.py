@@ -23,10 +23,12 @@ from reinforge.train.losses import (
     PolicyMetrics,
     constant_norm_weights,
     kl_k3,
+    masked_importance_weights,
     masked_mean,
     ppo_clip_loss,
     sequence_mean_weights,
     token_mean_weights,
+    truncated_importance_weights,
 )
 from reinforge.types import Section, Status
 
@@ -134,6 +136,94 @@ AggregationConfig = Annotated[
 ]
 
 
+# ---- off-policy corrections -------------------------------------------------------------
+
+
+class _Correction(_Config, ABC):
+    """How the PPO loss accounts for tokens sampled by a policy other than the trainer's:
+    the engine's log-probs differ from the trainer's even for the same weights, and the
+    weights themselves may be a few versions old in an asynchronous loop."""
+
+    def anchor(self, logp: Tensor, behaviour_logp: Tensor) -> Tensor:
+        """The PPO ratio's "old" policy: the trainer's proximal log-probs, i.e. this forward
+        detached, which the trainer's one optimizer step per batch has not yet changed
+        (decoupled PPO, Hilton et al. 2022). logp, behaviour_logp: (B, T). Returns (B, T)."""
+        return logp.detach()
+
+    @abstractmethod
+    def weights(
+        self, proximal_logp: Tensor, behaviour_logp: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Detached per-token weights of the policy loss (B, T), 0 at padding, and the
+        tokens they corrected (B, T) bool. All inputs (B, T)."""
+
+
+class NoCorrection(_Correction):
+    """None: the PPO ratio is against the behaviour log-probs, every token weighs 1; the
+    loss of before corrections existed, bit for bit (pinned by
+    `test_no_correction_is_the_behaviour_anchored_loss_bit_for_bit`)."""
+
+    kind: Literal["none"] = "none"
+
+    def anchor(self, logp: Tensor, behaviour_logp: Tensor) -> Tensor:
+        return behaviour_logp
+
+    def weights(
+        self, proximal_logp: Tensor, behaviour_logp: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        mask = mask.bool()  # (B, T)
+        return mask.float(), torch.zeros_like(mask)  # (B, T), (B, T)
+
+
+class TruncatedIS(_Correction):
+    """Truncated importance sampling: the ratio is against the trainer's proximal policy and
+    each token's loss is weighted by min(pi_prox / pi_behaviour, cap), detached (Yao et al.
+    2025); see `truncated_importance_weights`."""
+
+    kind: Literal["tis"] = "tis"
+    cap: float = Field(2.0, ge=1.0)
+    """Largest weight; a token above it keeps its gradient, scaled by `cap`. At least 1, so
+    tokens the two policies agree on are never down-weighted."""
+
+    def weights(
+        self, proximal_logp: Tensor, behaviour_logp: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        return truncated_importance_weights(proximal_logp, behaviour_logp, mask, self.cap)
+
+
+class MaskedIS(_Correction):
+    """Masked importance sampling: the ratio is against the trainer's proximal policy; a
+    token whose pi_prox / pi_behaviour leaves [low, high] is left out of the loss, a kept
+    one weighs its ratio (at sequence level, the sequence's), detached (IcePop, Ling Team
+    2025; Liu et al. 2025); see
+    `masked_importance_weights`."""
+
+    kind: Literal["mis"] = "mis"
+    low: float = Field(0.5, gt=0.0, lt=1.0)
+    """Smallest kept ratio, below 1 so that agreeing policies keep every token."""
+    high: float = Field(2.0, gt=1.0)
+    """Largest kept ratio, above 1."""
+    level: Literal["token", "sequence"] = "token"
+    """token: each token is kept by its own ratio. sequence: a sequence is kept or dropped
+    whole by its geometric-mean ratio over its tokens, which each of its tokens then
+    weighs."""
+
+    def weights(
+        self, proximal_logp: Tensor, behaviour_logp: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        return masked_importance_weights(
+            proximal_logp, behaviour_logp, mask, self.low, self.high, self.level
+        )
+
+
+CorrectionConfig = Annotated[
+    Annotated[NoCorrection, Tag("none")]
+    | Annotated[TruncatedIS, Tag("tis")]
+    | Annotated[MaskedIS, Tag("mis")],
+    _kind_or("none"),
+]
+
+
 # ---- losses -----------------------------------------------------------------------------
 
 
@@ -157,9 +247,14 @@ class _Loss(_Config, ABC):
 
 
 class PPOClipLoss(_Loss):
-    """Clipped surrogate against the behaviour policy, plus an optional k3 KL penalty.
+    """Clipped surrogate, plus an optional k3 KL penalty; see `ppo_clip_loss`.
 
-    Per token: `ppo_clip_loss(...) + kl_coef * kl_k3(...)`, then aggregated.
+    Per token: `ppo_clip_loss(...) + kl_coef * kl_k3(...)`, then aggregated. `correction`
+    chooses the surrogate's anchor and per-token weights: by default the ratio is against
+    the behaviour policy (the sampler's log-probs); "tis" and "mis" anchor it on the
+    trainer's own proximal log-probs and weight or mask each token by pi_prox /
+    pi_behaviour (decoupled PPO), for stale or engine-mismatched samples. The weights apply
+    to the surrogate, not to the KL penalty.
     """
 
     kind: Literal["ppo_clip"] = "ppo_clip"
@@ -168,12 +263,15 @@ class PPOClipLoss(_Loss):
     eps_high: float = Field(0.28, ge=0.0)
     """Upper clip: the ratio's ceiling is 1 + eps_high (for positive advantages). DAPO's 0.28."""
     max_ratio: float | None = Field(None, ge=1.0)
-    """Cap on pi / pi_behaviour before the min (dual-clip for negative advantages); None: no
-    cap. See `ppo_clip_loss`."""
+    """Cap on the PPO ratio before the min (dual-clip for negative advantages); None: no
+    cap. See `ppo_clip_loss`. It never binds under a "tis" or "mis" correction, whose ratio
+    is 1 in value."""
     kl_coef: float = Field(0.0, ge=0.0)
     """Weight of the k3 KL to the frozen reference model; 0 needs no reference model."""
     aggregation: AggregationConfig = Field(default_factory=TokenMean)
     """How per-token losses become one number."""
+    correction: CorrectionConfig = Field(default_factory=NoCorrection)
+    """Off-policy correction for samples from an older or numerically different policy."""
 
     @property
     def needs_reference(self) -> bool:
@@ -212,6 +310,9 @@ class PPOClipLoss(_Loss):
         required when `needs_reference`. weights: (B, T), this micro-batch's rows of
         `aggregation.weights(whole batch mask)`; default: this batch is the whole batch.
         """
+        importance, corrected = self.correction.weights(
+            logp.detach(), behaviour_logp, mask
+        )  # (B, T), (B, T)
         per_token, metrics = ppo_clip_loss(
             logp,
             behaviour_logp,
@@ -220,7 +321,10 @@ class PPOClipLoss(_Loss):
             eps_low=self.eps_low,
             eps_high=self.eps_high,
             max_ratio=self.max_ratio,
+            anchor_logp=self.correction.anchor(logp, behaviour_logp),
+            importance_weights=importance,
         )  # (B, T)
+        metrics = replace(metrics, corrected_fraction=masked_mean(corrected.float(), mask))
         if self.needs_reference:
             if ref_logp is None:
                 raise ValueError("kl_coef > 0 needs the reference model's log-probs")

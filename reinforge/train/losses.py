@@ -8,11 +8,16 @@ Aggregation is a weighted sum, `loss = sum(per_token * weights)`, where `weights
 depends only on the mask. The weights of the whole batch, sliced by rows, aggregate
 micro-batches exactly: summing `(per_token[rows] * weights[rows]).sum()` over micro-batches
 equals the loss of the whole batch, whichever aggregation is chosen.
+
+Off-policy corrections (decoupled PPO) reweight the policy loss per token by detached
+importance weights between the trainer's proximal policy and the sampler's behaviour policy;
+they are 0 at padding, so the rule above still holds.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -115,6 +120,73 @@ def cross_entropy(logits: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, -token_logprobs(logits, safe_targets), 0.0)  # (B, T)
 
 
+# ---- off-policy importance weights ------------------------------------------------------
+
+
+def truncated_importance_weights(
+    proximal_logp: Tensor, behaviour_logp: Tensor, mask: Tensor, cap: float
+) -> tuple[Tensor, Tensor]:
+    """Truncated importance sampling (TIS): w = min(pi_prox / pi_behaviour, cap), detached.
+
+    The sampler (an inference engine, possibly a few versions behind) is not the policy the
+    trainer updates: its log-probs differ even for the same weights, and more when stale.
+    Decoupled PPO (Hilton et al. 2022; AReaL, Fu et al. 2025) anchors the PPO ratio on the
+    trainer's proximal policy and corrects for the sampler with this weight; truncating it
+    at `cap` (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy
+    RL training", after Espeholt et al.'s IMPALA) bounds the variance a rare token with
+    pi_prox >> pi_behaviour would bring. A truncated token keeps its gradient, scaled by
+    `cap`. Pinned by `test_truncated_importance_weights` and
+    `test_tis_gradient_is_the_capped_weight_times_the_advantage`.
+
+    proximal_logp, behaviour_logp, mask: (B, T); anything at padding, even inf.
+    Returns the weights (B, T), 0 at padding, and the truncated tokens (B, T) bool: those
+    whose ratio was above `cap`.
+    """
+    mask = mask.bool()  # (B, T)
+    log_ratio = torch.where(mask, proximal_logp.detach() - behaviour_logp, 0.0)  # (B, T)
+    ratio = torch.exp(log_ratio)  # (B, T), may be inf for a wildly stale token
+    truncated = mask & (ratio > cap)  # (B, T)
+    return torch.where(mask, ratio.clamp(max=cap), 0.0), truncated  # (B, T), (B, T)
+
+
+def masked_importance_weights(
+    proximal_logp: Tensor,
+    behaviour_logp: Tensor,
+    mask: Tensor,
+    low: float,
+    high: float,
+    level: Literal["token", "sequence"] = "token",
+) -> tuple[Tensor, Tensor]:
+    """Masked importance sampling (MIS): drop tokens whose ratio leaves [low, high].
+
+    With r = pi_prox / pi_behaviour per token, a kept token weighs r (detached), a dropped
+    one 0: IcePop's two-sided mask (Ling Team 2025, "Every Step Evolves", Ring-1T) and the
+    masked IS of Liu et al. 2025 ("When Speed Kills Stability"). Where TIS still trains a
+    far-off token at weight `cap`, MIS leaves it out: a token the two policies disagree on
+    that much gives a gradient too biased or too noisy to keep, scaled or not.
+
+    level "token": each token is kept by its own r. level "sequence": a sequence is kept or
+    dropped whole by its geometric-mean ratio exp(mean over its tokens of log r) (Liu et
+    al.'s geometric sequence mask), which does not grow with length as the product of
+    ratios would, and each token of a kept sequence weighs that mean, so no weight lies
+    outside [low, high] at either level. Pinned by `test_masked_importance_weights_by_token` and
+    `test_masked_importance_weights_by_sequence`.
+
+    proximal_logp, behaviour_logp, mask: (B, T); anything at padding, even inf.
+    Returns the weights (B, T), 0 at padding, and the dropped tokens (B, T) bool.
+    """
+    mask = mask.bool()  # (B, T)
+    log_ratio = torch.where(mask, proximal_logp.detach() - behaviour_logp, 0.0)  # (B, T)
+    ratio = torch.exp(log_ratio)  # (B, T)
+    if level == "token":
+        decider = ratio  # (B, T)
+    else:
+        tokens = mask.sum(dim=-1, keepdim=True).clamp(min=1)  # (B, 1)
+        decider = torch.exp(log_ratio.sum(dim=-1, keepdim=True) / tokens)  # (B, 1)
+    keep = mask & (decider >= low) & (decider <= high)  # (B, T)
+    return torch.where(keep, decider, 0.0), mask & ~keep  # (B, T), (B, T)
+
+
 # ---- policy-gradient losses -------------------------------------------------------------
 
 
@@ -138,7 +210,8 @@ class PolicyMetrics:
     """What the policy loss saw, each a detached 0-dim tensor averaged over masked tokens."""
 
     mean_ratio: Tensor
-    """Mean of pi / pi_behaviour before any cap: drifts from 1 as the data goes stale."""
+    """Mean of pi / pi_behaviour before any cap, whatever the ratio's anchor: drifts from 1
+    as the data goes stale."""
     clip_fraction: Tensor
     """Tokens where clipping stopped the gradient: clip_low_fraction + clip_high_fraction."""
     clip_low_fraction: Tensor
@@ -147,17 +220,25 @@ class PolicyMetrics:
     """Advantage > 0 and ratio > 1 + eps_high."""
     capped_fraction: Tensor
     """Tokens whose ratio was above `max_ratio` (0 without a cap)."""
+    mismatch_kl: Tensor
+    """Mean k3 estimate of KL(pi_behaviour || pi) on the sampled tokens, r - 1 - log r with
+    r = pi / pi_behaviour: engine/trainer mismatch plus staleness, 0 when they agree."""
+    corrected_fraction: Tensor = field(default_factory=lambda: torch.zeros(()))
+    """Tokens the off-policy correction truncated (TIS) or masked (MIS); 0 without one."""
     kl: Tensor | None = None
     """Mean k3 estimate of KL(policy || reference), when a reference was given."""
 
     def scalars(self) -> dict[str, float]:
-        """What the trainer logs per step, averaged over micro-batches by their tokens."""
+        """What the trainer logs per step, averaged over micro-batches by their tokens: the
+        field's name, but `ratio` for `mean_ratio`; `kl` only with a reference."""
         scalars = {
             "ratio": float(self.mean_ratio),
             "clip_fraction": float(self.clip_fraction),
             "clip_low_fraction": float(self.clip_low_fraction),
             "clip_high_fraction": float(self.clip_high_fraction),
             "capped_fraction": float(self.capped_fraction),
+            "mismatch_kl": float(self.mismatch_kl),
+            "corrected_fraction": float(self.corrected_fraction),
         }
         if self.kl is not None:
             scalars["kl"] = float(self.kl)
@@ -184,16 +265,29 @@ def ppo_clip_loss(
     eps_low: float,
     eps_high: float,
     max_ratio: float | None = None,
+    anchor_logp: Tensor | None = None,
+    importance_weights: Tensor | None = None,
 ) -> tuple[Tensor, PolicyMetrics]:
-    """PPO's clipped surrogate against the behaviour policy, per token, 0 where `mask` is 0.
+    """PPO's clipped surrogate, per token, 0 where `mask` is 0: by default against the
+    behaviour policy, optionally decoupled from it.
 
-    With r = exp(logp - behaviour_logp) and w = min(r, max_ratio) (w = r without a cap):
+    With r = exp(logp - anchor_logp), w = min(r, max_ratio) (w = r without a cap) and v the
+    detached importance weight (1 without one):
 
-        loss = -min(w * A, clip(w, 1 - eps_low, 1 + eps_high) * A)
+        loss = -v * min(w * A, clip(w, 1 - eps_low, 1 + eps_high) * A)
 
-    - PPO (Schulman et al. 2017), as GRPO uses it, with one change of anchor: the "old"
-      policy is the behaviour policy that sampled the tokens (the engine's log-probs), not a
-      trainer-side recomputation, so staleness and engine/trainer mismatch both show up in r.
+    - PPO (Schulman et al. 2017), as GRPO uses it, with one change of anchor by default: the
+      "old" policy is the behaviour policy that sampled the tokens (the engine's log-probs,
+      `anchor_logp` None), not a trainer-side recomputation, so staleness and engine/trainer
+      mismatch both show up in r, and v = 1.
+    - Decoupled PPO (Hilton et al. 2022; AReaL, Fu et al. 2025): `anchor_logp` the trainer's
+      proximal log-probs and `importance_weights` v ~ pi_prox / pi_behaviour (from
+      `truncated_importance_weights` or `masked_importance_weights`) separate the trust
+      region, clipped around the proximal policy, from the off-policy correction, v. The
+      trainer takes one optimizer step per batch, so its proximal policy is this very
+      forward before the update: `anchor_logp = logp.detach()`. Then r = 1 in value with
+      logp's gradient, the clip and `max_ratio` never bind, and a token's loss is -v * A
+      with gradient -v * A per unit of logp.
     - Asymmetric clipping, DAPO's clip-higher (Yu et al. 2025): eps_high > eps_low leaves
       room to raise the probability of unlikely tokens, against entropy collapse.
     - `max_ratio` caps the importance weight before the min. A token with r > max_ratio
@@ -202,34 +296,48 @@ def ppo_clip_loss(
       probability the policy has already raised far above the behaviour policy's. For A > 0
       it changes nothing unless max_ratio < 1 + eps_high. It is not the detached weight
       min(r, C) of truncated importance sampling (Yao et al. 2025), under which capped tokens
-      keep a gradient; that form needs the trainer's own old log-probs. Pinned by
-      `test_ppo_clip_on_both_sides_for_both_signs` and
-      `test_max_ratio_caps_the_weight_before_the_min`.
+      keep a gradient: that is v from `truncated_importance_weights` with the proximal
+      anchor (`correction.kind = "tis"` in the config). Pinned by
+      `test_ppo_clip_on_both_sides_for_both_signs`,
+      `test_max_ratio_caps_the_weight_before_the_min` and
+      `test_tis_gradient_is_the_capped_weight_times_the_advantage`.
+
+    Metrics `mean_ratio` and `mismatch_kl` compare logp with behaviour_logp whatever the
+    anchor; the clip and cap fractions are of w.
 
     logp: (B, T), the trainer's log-probs of the sampled tokens, with gradient.
     behaviour_logp: (B, T), the sampler's log-probs (`Trajectory.logprobs` scattered onto the
         mask); anything at padding. advantages: (B, 1) one per sequence, or (B, T).
-    mask: (B, T). Returns the per-token loss (B, T) and metrics.
+    mask: (B, T). anchor_logp: (B, T) without gradient; None: behaviour_logp.
+    importance_weights: (B, T) detached; None: 1. Both: anything at padding.
+    Returns the per-token loss (B, T) and metrics.
     """
     if advantages.dim() != 2:
         raise ValueError(f"advantages must be (B, 1) or (B, T), got {tuple(advantages.shape)}")
     mask = mask.bool()  # (B, T)
-    log_ratio = torch.where(mask, logp - behaviour_logp, 0.0)  # (B, T), 0 at padding
+    anchor = behaviour_logp if anchor_logp is None else anchor_logp  # (B, T)
+    log_ratio = torch.where(mask, logp - anchor, 0.0)  # (B, T), 0 at padding
     ratio = torch.exp(log_ratio)  # (B, T)
     weight = ratio if max_ratio is None else ratio.clamp(max=max_ratio)  # (B, T)
     unclipped = weight * advantages  # (B, T)
     clipped = weight.clamp(1.0 - eps_low, 1.0 + eps_high) * advantages  # (B, T)
-    per_token = torch.where(mask, -torch.minimum(unclipped, clipped), 0.0)  # (B, T)
+    surrogate = -torch.minimum(unclipped, clipped)  # (B, T)
+    if importance_weights is not None:
+        # 0 at padding first: a 0 gradient times an infinite weight would be NaN.
+        surrogate = surrogate * torch.where(mask, importance_weights.detach(), 0.0)  # (B, T)
+    per_token = torch.where(mask, surrogate, 0.0)  # (B, T)
 
     with torch.no_grad():
         low = (advantages < 0) & (weight < 1.0 - eps_low)  # (B, T)
         high = (advantages > 0) & (weight > 1.0 + eps_high)  # (B, T)
         capped = ratio > max_ratio if max_ratio is not None else torch.zeros_like(mask)
+        behaviour_ratio = torch.exp(torch.where(mask, logp - behaviour_logp, 0.0))  # (B, T)
         metrics = PolicyMetrics(
-            mean_ratio=masked_mean(ratio, mask),
+            mean_ratio=masked_mean(behaviour_ratio, mask),
             clip_fraction=masked_mean((low | high).float(), mask),
             clip_low_fraction=masked_mean(low.float(), mask),
             clip_high_fraction=masked_mean(high.float(), mask),
             capped_fraction=masked_mean(capped.float(), mask),
+            mismatch_kl=masked_mean(kl_k3(behaviour_logp, logp, mask), mask),
         )
     return per_token, metrics
