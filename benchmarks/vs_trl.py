@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from reinforge.envs.registry import load_environment
-from reinforge.orchestrate.sync import task_seed
+from reinforge.orchestrate.rollouts import task_seed
 from reinforge.policy.chat import ChatFormat
 from reinforge.policy.models import default_model_folder, load_model
 from reinforge.policy.specs import DEFAULT_MODEL

@@ -18,7 +18,7 @@ from pydantic import Field, ValidationError
 
 from reinforge.envs.config import EnvConfig
 from reinforge.errors import ConfigError, UsageError, first_problem
-from reinforge.orchestrate.config import RunConfig
+from reinforge.orchestrate.config import LoopConfig, RunConfig
 from reinforge.policy.config import EngineConfig, ModelConfig, ServerConfig
 from reinforge.rollout.config import RolloutConfig, TrainRolloutConfig
 from reinforge.train.config import OptimConfig, SFTConfig, TrainerConfig
@@ -35,6 +35,7 @@ class Config(Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    loop: LoopConfig = Field(default_factory=LoopConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
 
     @property

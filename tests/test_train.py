@@ -35,7 +35,14 @@ def test_a_tiny_run_writes_metrics_trajectories_and_loadable_checkpoints(tmp_pat
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]
     for row in rows:
-        assert set(row["time"]) == {"rollout_s", "train_s", "sync_s", "total_s"}
+        assert set(row["time"]) == {
+            "trainer_idle_s",
+            "train_s",
+            "sync_s",
+            "rollout_idle_s",
+            "total_s",
+        }
+        assert row["staleness_max"] == 0 and row["dropped_stale"] == 0
         assert row["grad_norm"] > 0 and row["zero_variance_groups"] == 0
     assert [r["policy_version"] for r in rows] == [1, 2, 3]
     assert len((run / "trajectories" / "step_00002.jsonl").read_text().splitlines()) == 16

@@ -7,7 +7,7 @@ import re
 
 from rich.console import Console
 
-from reinforge.commands.view import TrainView, sparkline
+from reinforge.commands.view import TrainView, sparkline, step_line
 
 
 def _row(step: int, reward: float) -> dict:
@@ -20,7 +20,17 @@ def _row(step: int, reward: float) -> dict:
         "zero_variance_groups": 3,
         "clip_fraction": 0.01,
         "entropy": 1.2,
-        "time": {"rollout_s": 3.0, "train_s": 1.0, "sync_s": 0.0, "total_s": 4.0},
+        "staleness_max": 0,
+        "staleness_mean": 0.0,
+        "dropped_stale": 0,
+        "carried_over": 0,
+        "time": {
+            "trainer_idle_s": 3.0,
+            "train_s": 1.0,
+            "sync_s": 0.0,
+            "rollout_idle_s": 1.0,
+            "total_s": 4.0,
+        },
         "tokens_per_s": {"rollout": 50.0, "train": 200.0},
     }
 
@@ -40,7 +50,7 @@ def test_a_terminal_gets_the_live_panel_with_curve_and_time_split():
             view.update(_row(step, reward))
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())  # cursor movement
     assert "3/4" in text and "reward ▁▅█" in text
-    assert "rollout 75%" in text and "train 25%" in text
+    assert "wait 75%" in text and "train 25%" in text
 
 
 def test_a_pipe_gets_one_plain_line_per_step():
@@ -52,3 +62,13 @@ def test_a_pipe_gets_one_plain_line_per_step():
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 and lines[1].startswith("step    2/2  reward 0.500")
     assert "\x1b[" not in out.getvalue()
+
+
+def test_an_off_policy_step_shows_its_staleness():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=200)
+    row = {**_row(0, 0.0), "staleness_max": 1, "staleness_mean": 0.5, "dropped_stale": 2}
+    with TrainView(console, steps=1) as view:
+        view.update(row)
+    assert "stale 0.50/1  dropped 2  carried 0" in out.getvalue()
+    assert "stale" not in step_line(_row(0, 0.0), 1)

@@ -19,7 +19,7 @@ def run(args: argparse.Namespace) -> int:
     from reinforge.commands.config_args import load_command_config
     from reinforge.commands.view import TrainView
     from reinforge.config import Config
-    from reinforge.orchestrate.sync import train
+    from reinforge.orchestrate.loop import train
 
     config = load_command_config(Config, args)
     console = Console(stderr=True)

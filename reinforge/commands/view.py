@@ -35,8 +35,18 @@ def step_line(metrics: dict[str, Any], steps: int) -> str:
         f"pass {metrics['pass_rate']:.2f}  "
         f"len {metrics['completion_tokens_mean']:5.1f}  "
         f"zero-var {metrics['zero_variance_groups']}  "
-        f"rollout {times['rollout_s']:5.1f}s  train {times['train_s']:5.1f}s  "
-        f"sync {times['sync_s']:4.2f}s"
+        f"wait {times['trainer_idle_s']:5.1f}s  train {times['train_s']:5.1f}s  "
+        f"sync {times['sync_s']:4.2f}s" + _staleness(metrics)
+    )
+
+
+def _staleness(metrics: dict[str, Any]) -> str:
+    """Only when the data was off-policy: a synchronous run has nothing to say here."""
+    if not (metrics["staleness_max"] or metrics["dropped_stale"]):
+        return ""
+    return (
+        f"  stale {metrics['staleness_mean']:.2f}/{metrics['staleness_max']}"
+        f"  dropped {metrics['dropped_stale']}  carried {metrics['carried_over']}"
     )
 
 
@@ -73,7 +83,7 @@ class TrainView:
         if self.console.is_terminal:
             self.live.update(self._render())
         else:
-            self.console.print(step_line(metrics, self.steps), highlight=False)
+            self.console.print(step_line(metrics, self.steps), highlight=False, soft_wrap=True)
 
     def _render(self) -> Group:
         rewards = [row["reward_mean"] for row in self.rows]
@@ -101,10 +111,8 @@ class TrainView:
         """Where the time went over the steps so far: the first question of a slow run."""
         if not self.rows:
             return ""
-        totals = {
-            part: sum(row["time"][f"{part}_s"] for row in self.rows)
-            for part in ("rollout", "train", "sync")
-        }
-        whole = sum(totals.values()) or 1.0
+        parts = {"wait": "trainer_idle_s", "train": "train_s", "sync": "sync_s"}
+        totals = {part: sum(row["time"][key] for row in self.rows) for part, key in parts.items()}
+        whole = sum(row["time"]["total_s"] for row in self.rows) or 1.0
         split = "  ".join(f"{part} {100 * t / whole:.0f}%" for part, t in totals.items())
         return f"time: {split}  (rollout {self.rows[-1]['tokens_per_s']['rollout']:.0f} tok/s)"

@@ -1,8 +1,10 @@
-"""The orchestrator's config section: the run directory, its length and its cadence."""
+"""The orchestrator's config sections: the run (directory, length, cadence) and the loop
+(how rollouts and training interleave)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -20,3 +22,19 @@ class RunConfig(Section):
     """Seeds task order and sampling."""
     checkpoint_every: int = Field(10, ge=1)
     """Steps between checkpoints; the last step always writes one."""
+
+
+class LoopConfig(Section):
+    """How rollouts and training interleave. In every mode a token trained at trainer
+    version V was sampled by version V - max_staleness or later."""
+
+    mode: Literal["sync", "async", "partial"] = "sync"
+    """sync: each step samples its groups with the current weights, trains, syncs (on-policy;
+    max_staleness does not apply). async: the rollout side runs up to max_staleness steps
+    ahead and keeps generating while the trainer trains; a step trains on the first groups
+    to finish. partial: as async, but the engine pauses while the trainer trains and the
+    rollouts still in flight continue under the new weights (carried over)."""
+    max_staleness: int = Field(1, ge=0)
+    """In policy versions: a group holding a token sampled more than this many versions
+    before the trainer's is dropped (counted), never trained. It also bounds how far ahead
+    the rollout side runs: at most (max_staleness + 1) steps of groups in flight."""

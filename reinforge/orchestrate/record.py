@@ -70,14 +70,20 @@ def step_metrics(
     summary: dict[str, Any],
     selection: Selection,
     trained: dict[str, float],
-    rollout_s: float,
-    train_s: float,
-    sync_s: float,
+    *,
+    trained_version: int,
     policy_version: int,
+    dropped_stale: int,
+    time: dict[str, float],
+    rollout_tokens_per_s: float,
 ) -> dict[str, Any]:
-    """One line of metrics.jsonl; `summary` is `summarize` of the step's groups, the same
-    numbers `reinforge eval` reports."""
+    """One line of metrics.jsonl. `summary` is `summarize` of the step's groups, the same
+    numbers `reinforge eval` reports; staleness is the trainer's version when it trained
+    (`trained_version`) minus the version that sampled each trained token; `time` splits
+    the step's wall time (`total_s`, from the end of the previous step)."""
     rollouts = max(summary["rollouts"], 1)
+    staleness = [trained_version - v for t in selection.trajectories for v in t.policy_versions]
+    samples = len(selection.trajectories)
     return {
         "step": step,
         "reward_mean": summary["reward_mean"],
@@ -91,14 +97,17 @@ def step_metrics(
         "masked_truncated": selection.masked_truncated,
         **trained,
         "policy_version": policy_version,
-        "time": {
-            "rollout_s": rollout_s,
-            "train_s": train_s,
-            "sync_s": sync_s,
-            "total_s": rollout_s + train_s + sync_s,
-        },
+        "trained_samples": samples,
+        "samples_per_min": 60 * samples / time["total_s"] if time["total_s"] > 0 else 0.0,
+        "staleness_max": max(staleness, default=0),
+        "staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
+        "dropped_stale": dropped_stale,
+        "carried_over": sum(len(set(t.policy_versions)) > 1 for t in selection.trajectories),
+        "time": time,
         "tokens_per_s": {
-            "rollout": summary["sampled_tokens_per_s"],
-            "train": trained.get("trained_tokens", 0.0) / train_s if train_s else 0.0,
+            "rollout": rollout_tokens_per_s,
+            "train": trained.get("trained_tokens", 0.0) / time["train_s"]
+            if time["train_s"] > 0
+            else 0.0,
         },
     }

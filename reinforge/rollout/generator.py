@@ -43,18 +43,35 @@ async def generate_groups(
     limit = asyncio.Semaphore(config.concurrency)
 
     async def one_group(task: Task) -> Group:
-        done = await asyncio.gather(
-            *(
-                _rollout(env, client, task, index, limit, config.timeout_s, seed, on_rollout)
-                for index in range(rollouts_per_task)
-            )
+        group = await generate_group(
+            env, task, client, config, rollouts_per_task, seed, limit, on_rollout
         )
-        group = await _score(env, task, done)
         if on_group is not None:
             on_group(group)
         return group
 
     return list(await asyncio.gather(*(one_group(task) for task in tasks)))
+
+
+async def generate_group(
+    env: Environment,
+    task: Task,
+    client: PolicyClient,
+    config: RolloutConfig,
+    rollouts_per_task: int,
+    seed: int | None,
+    limit: asyncio.Semaphore,
+    on_rollout: Callable[[Trajectory], None] | None = None,
+) -> Group:
+    """One task's rollouts, scored together; `limit` bounds the rollouts in flight across
+    every group that shares it (`config.concurrency`)."""
+    done = await asyncio.gather(
+        *(
+            _rollout(env, client, task, index, limit, config.timeout_s, seed, on_rollout)
+            for index in range(rollouts_per_task)
+        )
+    )
+    return await _score(env, task, done)
 
 
 async def _rollout(

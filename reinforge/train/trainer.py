@@ -9,6 +9,7 @@ loss is one more config). Zero-variance groups and errored rollouts never reach 
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,9 +104,14 @@ class Trainer:
         )
         self.grad_clip = optim.grad_clip
 
-    def step(self, batch: TrainBatch) -> dict[str, float]:
+    def step(
+        self, batch: TrainBatch, update: AbstractContextManager[object] | None = None
+    ) -> dict[str, float]:
         """One optimizer step over the whole batch, accumulated over micro-batches; returns
-        the loss's metrics averaged by tokens, entropy, grad norm, lr and trained tokens."""
+        the loss's metrics averaged by tokens, entropy, grad norm, lr and trained tokens.
+
+        The parameters change only inside `update` (if given): an engine decoding with this model
+        passes its weight update, which waits for a step boundary and bumps the version."""
         weights = self.loss.aggregation.weights(batch.target_mask)  # (B, T)
         tokens = float(batch.target_mask.sum())
         totals: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
@@ -133,7 +139,8 @@ class Trainer:
             for name, value in metrics.scalars().items():
                 totals[name] = totals.get(name, 0.0) + value * share
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
-        self.optimizer.step()
+        with update or nullcontext():
+            self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()

@@ -1,0 +1,192 @@
+"""The training loop: rollout -> reward -> advantage -> loss -> step -> weight sync, in the
+mode `loop.mode` says.
+
+The rollout side (`RolloutSide`) and the trainer meet at a queue of finished groups. Each
+step takes the first `rollout.tasks_per_step` groups to finish, drops those holding a token
+older than `loop.max_staleness` versions, trains on the rest in data order, and syncs the
+weights. The modes differ only in how far ahead the rollout side may run and whether the
+engine decodes while the trainer trains:
+
+| mode    | groups outstanding          | engine while training                       |
+|---------|-----------------------------|---------------------------------------------|
+| sync    | one step's                  | idle: nothing is in flight                  |
+| async   | (max_staleness + 1) steps'  | decodes with the weights it has             |
+| partial | (max_staleness + 1) steps'  | paused; in-flight rollouts resume on the    |
+|         |                             | new weights (carried over)                  |
+
+Weight sync applies between two decode steps, and every sampled token records the version
+that produced it. Recording (metrics, trajectories, checkpoints) lives in `RunRecorder`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+from transformers import PreTrainedModel
+
+from reinforge.config import Config
+from reinforge.envs.registry import load_configured
+from reinforge.errors import UsageError
+from reinforge.orchestrate.record import RunRecorder, step_metrics
+from reinforge.orchestrate.rollouts import Finished, RolloutSide
+from reinforge.policy.client import PolicyClient
+from reinforge.policy.engine import Engine
+from reinforge.policy.models import load_model
+from reinforge.rollout.summary import summarize
+from reinforge.train.batching import TrainBatch
+from reinforge.train.checkpoints import latest_checkpoint, load_trainer_state
+from reinforge.train.trainable import full_weights, is_adapter, load_trainable
+from reinforge.train.trainer import Trainer, select_for_training
+
+
+async def train(
+    config: Config, on_step: Callable[[dict[str, Any]], None], resume: bool = False
+) -> Path:
+    """Run `config.run.steps` steps, or what is left of them after the last checkpoint;
+    returns the run directory."""
+    env = load_configured(config.env)
+    checkpoint = latest_checkpoint(config.run_dir) if resume else None
+    if resume and checkpoint is None:
+        raise UsageError(f"nothing to resume: no checkpoint in {config.run_dir}")
+    model, tokenizer = load_trainable(config.model.name, config.trainer, checkpoint)
+    # An fp32 sampler runs the trainer's own model: no second copy, and the optimizer step
+    # is the weight sync. A bf16 sampler keeps its own copy, refreshed each step.
+    shared = config.engine.dtype == "float32"
+    sampler = model if shared else load_model(config.model.name, config.engine.dtype)[0]
+    engine = Engine(sampler, tokenizer, config.model.name, config.engine)
+    if not shared:
+        with full_weights(model) as weights:
+            engine.update_weights(weights)  # a checkpoint's or adapter-merged weights
+    engine.version = 0
+    client = PolicyClient.for_engine(engine, config.rollout.sampling)
+    trainer = Trainer(
+        model,
+        config.trainer.for_budget(env.harness.max_sampled_tokens),
+        config.optim,
+        total_steps=config.run.steps,
+        reference=_reference(config, model),
+    )
+    start_step = 0
+    position = RolloutSide.start_position(0)
+    if checkpoint is not None:
+        state = load_trainer_state(checkpoint)
+        trainer.load_state_dict(state)
+        start_step = state["step"]
+        engine.version = state["policy_version"]
+        position = state.get("loop", RolloutSide.start_position(start_step))
+    bound = config.loop.max_staleness if config.loop.mode != "sync" else 0
+    per_step = config.rollout.tasks_per_step
+    rollouts = RolloutSide(
+        env, client, config.rollout, config.run.seed, (bound + 1) * per_step, position
+    )
+    producer = asyncio.create_task(rollouts.run())
+    recorder = RunRecorder(config, tokenizer, start_step)
+    try:
+        last_step_end = time.perf_counter()
+        for step in range(start_step, config.run.steps):
+            # 1. rollout: the first groups to finish, none staler than the bound
+            started = time.perf_counter()
+            generated = engine.stats.generated_tokens
+            finished, dropped = await _collect(rollouts, per_step, engine.version, bound)
+            trainer_idle_s = time.perf_counter() - started
+            groups = [f.group for f in sorted(finished, key=lambda f: f.slot)]
+            # 2. reward is in the trajectories; 3. advantages within each group
+            selection = select_for_training(groups, config.trainer)
+            trained_version = engine.version
+            # 4-6. loss, optimizer step, weight sync (nothing to learn if every group was
+            # uniform); in a thread, so the rollout side keeps running
+            started, synced = time.perf_counter(), engine.stats.sync_s
+            trained = {}
+            if selection.trajectories:
+                trained = await asyncio.to_thread(
+                    _train_step,
+                    trainer,
+                    selection.batch(),
+                    engine,
+                    shared,
+                    config.loop.mode == "partial",
+                )
+            sync_s = engine.stats.sync_s - synced
+            train_s = time.perf_counter() - started - sync_s
+            await rollouts.release(per_step)
+            now = time.perf_counter()
+            total_s, last_step_end = now - last_step_end, now
+            rollout_idle_s = rollouts.take_idle_s()
+            busy_s = total_s - rollout_idle_s
+            generated = engine.stats.generated_tokens - generated
+            metrics = step_metrics(
+                step,
+                summarize(groups, env.rubric.pass_threshold, trainer_idle_s),
+                selection,
+                trained,
+                trained_version=trained_version,
+                policy_version=engine.version,
+                dropped_stale=dropped,
+                time={
+                    "trainer_idle_s": trainer_idle_s,
+                    "train_s": train_s,
+                    "sync_s": sync_s,
+                    "rollout_idle_s": rollout_idle_s,
+                    "total_s": total_s,
+                },
+                rollout_tokens_per_s=generated / busy_s if busy_s > 0 else 0.0,
+            )
+            state = {"policy_version": engine.version, "loop": rollouts.position()}
+            recorder.record(step, metrics, trainer, state, groups)
+            on_step(metrics)
+    finally:
+        producer.cancel()
+        await asyncio.gather(producer, return_exceptions=True)
+        await rollouts.aclose()
+        await client.close()
+        engine.close()
+        await env.aclose()
+        recorder.close()
+    return recorder.directory
+
+
+async def _collect(
+    rollouts: RolloutSide, needed: int, version: int, max_staleness: int
+) -> tuple[list[Finished], int]:
+    """The first `needed` groups to finish within the staleness bound, and how many
+    finished beyond it (dropped: their slots go back to the rollout side)."""
+    kept: list[Finished] = []
+    dropped = 0
+    while len(kept) < needed:
+        finished = await rollouts.next_group()
+        oldest = finished.oldest_version
+        if oldest is not None and version - oldest > max_staleness:
+            dropped += 1
+            await rollouts.release(1)
+            continue
+        kept.append(finished)
+    return kept, dropped
+
+
+def _train_step(
+    trainer: Trainer, batch: TrainBatch, engine: Engine, shared: bool, pause: bool
+) -> dict[str, float]:
+    """One optimizer step and the weight sync. A shared model's optimizer step runs inside
+    the engine's weight update, so no decode step sees half-updated weights; `pause` keeps
+    the engine from decoding for the whole step (partial mode)."""
+    with engine.paused() if pause else nullcontext():
+        if shared:
+            return trainer.step(batch, update=engine.weight_update())
+        trained = trainer.step(batch)
+        with full_weights(trainer.model) as weights:
+            engine.update_weights(weights)
+        return trained
+
+
+def _reference(config: Config, model: PreTrainedModel) -> PreTrainedModel | None:
+    """The frozen start point of the KL term: the configured model, not a resumed checkpoint.
+    A LoRA model needs none (its base is the reference)."""
+    if not config.trainer.algorithm.loss.needs_reference or is_adapter(model):
+        return None
+    reference, _ = load_model(config.model.name, "float32")
+    return reference.requires_grad_(False)
