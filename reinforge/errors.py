@@ -24,4 +24,5 @@ def first_problem(error: ValidationError) -> tuple[str, str]:
     first = error.errors()[0]
     where = ".".join(str(part) for part in first["loc"])
     problem = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+    problem = problem.removeprefix("Value error, ")  # a validator's own sentence
     return where, problem

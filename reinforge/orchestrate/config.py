@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from reinforge.types import Section
 
@@ -38,3 +38,17 @@ class LoopConfig(Section):
     """In policy versions: a group holding a token sampled more than this many versions
     before the trainer's is dropped (counted), never trained. It also bounds how far ahead
     the rollout side runs: at most (max_staleness + 1) steps of groups in flight."""
+    engine_url: str | None = None
+    """The /v1 URL of a `reinforge serve` on this machine to sample from, e.g.
+    http://127.0.0.1:8000/v1; None: an engine in this process."""
+    engine_token: str | None = None
+    """The `server.weights_token` that server was started with."""
+
+    @model_validator(mode="after")
+    def _partial_needs_a_local_engine(self) -> Self:
+        if self.mode == "partial" and self.engine_url is not None:
+            raise ValueError(
+                "partial mode pauses the engine while the trainer trains, which only an "
+                "engine in this process does: use async, or leave engine_url unset"
+            )
+        return self

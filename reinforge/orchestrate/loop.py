@@ -14,8 +14,9 @@ engine decodes while the trainer trains:
 | partial | (max_staleness + 1) steps'  | paused; in-flight rollouts resume on the    |
 |         |                             | new weights (carried over)                  |
 
-Weight sync applies between two decode steps, and every sampled token records the version
-that produced it. Recording (metrics, trajectories, checkpoints) lives in `RunRecorder`.
+The engine runs in this process or as `reinforge serve` beside it (`orchestrate/engines.py`);
+either way a weight sync applies between two decode steps, and every sampled token records
+the version that produced it. Recording (metrics, trajectories, checkpoints) lives in `RunRecorder`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +32,13 @@ from transformers import PreTrainedModel
 from reinforge.config import Config
 from reinforge.envs.registry import load_configured
 from reinforge.errors import UsageError
+from reinforge.orchestrate.engines import open_engine
 from reinforge.orchestrate.record import RunRecorder, step_metrics
 from reinforge.orchestrate.rollouts import Finished, RolloutSide
-from reinforge.policy.client import PolicyClient
-from reinforge.policy.engine import Engine
 from reinforge.policy.models import load_model
 from reinforge.rollout.summary import summarize
-from reinforge.train.batching import TrainBatch
 from reinforge.train.checkpoints import latest_checkpoint, load_trainer_state
-from reinforge.train.trainable import full_weights, is_adapter, load_trainable
+from reinforge.train.trainable import is_adapter, load_trainable
 from reinforge.train.trainer import Trainer, select_for_training
 
 
@@ -54,16 +52,6 @@ async def train(
     if resume and checkpoint is None:
         raise UsageError(f"nothing to resume: no checkpoint in {config.run_dir}")
     model, tokenizer = load_trainable(config.model.name, config.trainer, checkpoint)
-    # An fp32 sampler runs the trainer's own model: no second copy, and the optimizer step
-    # is the weight sync. A bf16 sampler keeps its own copy, refreshed each step.
-    shared = config.engine.dtype == "float32"
-    sampler = model if shared else load_model(config.model.name, config.engine.dtype)[0]
-    engine = Engine(sampler, tokenizer, config.model.name, config.engine)
-    if not shared:
-        with full_weights(model) as weights:
-            engine.update_weights(weights)  # a checkpoint's or adapter-merged weights
-    engine.version = 0
-    client = PolicyClient.for_engine(engine, config.rollout.sampling)
     trainer = Trainer(
         model,
         config.trainer.for_budget(env.harness.max_sampled_tokens),
@@ -71,18 +59,18 @@ async def train(
         total_steps=config.run.steps,
         reference=_reference(config, model),
     )
-    start_step = 0
+    start_step, version = 0, 0
     position = RolloutSide.start_position(0)
     if checkpoint is not None:
         state = load_trainer_state(checkpoint)
         trainer.load_state_dict(state)
-        start_step = state["step"]
-        engine.version = state["policy_version"]
+        start_step, version = state["step"], state["policy_version"]
         position = state.get("loop", RolloutSide.start_position(start_step))
+    engine = await open_engine(config, model, tokenizer, version)
     bound = config.loop.max_staleness if config.loop.mode != "sync" else 0
     per_step = config.rollout.tasks_per_step
     rollouts = RolloutSide(
-        env, client, config.rollout, config.run.seed, (bound + 1) * per_step, position
+        env, engine.client, config.rollout, config.run.seed, (bound + 1) * per_step, position
     )
     producer = asyncio.create_task(rollouts.run())
     recorder = RunRecorder(config, tokenizer, start_step)
@@ -91,7 +79,6 @@ async def train(
         for step in range(start_step, config.run.steps):
             # 1. rollout: the first groups to finish, none staler than the bound
             started = time.perf_counter()
-            generated = engine.stats.generated_tokens
             finished, dropped = await _collect(rollouts, per_step, engine.version, bound)
             trainer_idle_s = time.perf_counter() - started
             groups = [f.group for f in sorted(finished, key=lambda f: f.slot)]
@@ -100,25 +87,19 @@ async def train(
             trained_version = engine.version
             # 4-6. loss, optimizer step, weight sync (nothing to learn if every group was
             # uniform); in a thread, so the rollout side keeps running
-            started, synced = time.perf_counter(), engine.stats.sync_s
-            trained = {}
+            started = time.perf_counter()
+            trained, sync_s = {}, 0.0
             if selection.trajectories:
-                trained = await asyncio.to_thread(
-                    _train_step,
-                    trainer,
-                    selection.batch(),
-                    engine,
-                    shared,
-                    config.loop.mode == "partial",
+                trained, sync_s = await asyncio.to_thread(
+                    engine.train_step, trainer, selection.batch()
                 )
-            sync_s = engine.stats.sync_s - synced
             train_s = time.perf_counter() - started - sync_s
             await rollouts.release(per_step)
             now = time.perf_counter()
             total_s, last_step_end = now - last_step_end, now
             rollout_idle_s = rollouts.take_idle_s()
+            sampled = sum(t.completion_tokens for g in groups for t in g.trajectories)
             busy_s = total_s - rollout_idle_s
-            generated = engine.stats.generated_tokens - generated
             metrics = step_metrics(
                 step,
                 summarize(groups, env.rubric.pass_threshold, trainer_idle_s),
@@ -134,7 +115,7 @@ async def train(
                     "rollout_idle_s": rollout_idle_s,
                     "total_s": total_s,
                 },
-                rollout_tokens_per_s=generated / busy_s if busy_s > 0 else 0.0,
+                rollout_tokens_per_s=sampled / busy_s if busy_s > 0 else 0.0,
             )
             state = {"policy_version": engine.version, "loop": rollouts.position()}
             recorder.record(step, metrics, trainer, state, groups)
@@ -143,8 +124,7 @@ async def train(
         producer.cancel()
         await asyncio.gather(producer, return_exceptions=True)
         await rollouts.aclose()
-        await client.close()
-        engine.close()
+        await engine.aclose()
         await env.aclose()
         recorder.close()
     return recorder.directory
@@ -166,21 +146,6 @@ async def _collect(
             continue
         kept.append(finished)
     return kept, dropped
-
-
-def _train_step(
-    trainer: Trainer, batch: TrainBatch, engine: Engine, shared: bool, pause: bool
-) -> dict[str, float]:
-    """One optimizer step and the weight sync. A shared model's optimizer step runs inside
-    the engine's weight update, so no decode step sees half-updated weights; `pause` keeps
-    the engine from decoding for the whole step (partial mode)."""
-    with engine.paused() if pause else nullcontext():
-        if shared:
-            return trainer.step(batch, update=engine.weight_update())
-        trained = trainer.step(batch)
-        with full_weights(trainer.model) as weights:
-            engine.update_weights(weights)
-        return trained
 
 
 def _reference(config: Config, model: PreTrainedModel) -> PreTrainedModel | None:

@@ -58,3 +58,6 @@ class ServerConfig(Section):
     max_tokens: int = Field(512, ge=1)
     """Completion tokens for a request that names no limit (less where the context ends)."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    weights_token: str | None = None
+    """Secret a trainer on this machine presents to push new weights (`POST /v1/weights`,
+    from localhost only); None: the server refuses weight updates."""

@@ -122,8 +122,10 @@ class Engine:
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
         return await asyncio.wrap_future(self.submit(prompt_ids, params))
 
-    def update_weights(self, state: Mapping[str, torch.Tensor]) -> int:
-        """Copy new weights in place (cast to the engine's dtype); returns the new version.
+    def update_weights(self, state: Mapping[str, torch.Tensor], version: int | None = None) -> int:
+        """Copy new weights in place (cast to the engine's dtype); returns the new version:
+        `version` when the trainer names it (a resumed run, or an engine that served another
+        run before), else the next one.
 
         Takes effect between two decode steps: tokens after it carry the new version. An
         empty `state` says the engine's own tensors were changed in place (a sampler that
@@ -133,29 +135,33 @@ class Engine:
         unknown = [name for name in state if name not in params]
         if unknown:
             raise KeyError(f"unknown parameter names: {unknown[:5]}")
-        with self.weight_update() as version, torch.no_grad():
+        misfits = [name for name, t in state.items() if t.shape != params[name].shape]
+        if misfits:  # checked before any copy: a failed update leaves the weights whole
+            raise ValueError(f"shapes differ from the model's: {misfits[:5]}")
+        with self.weight_update(version) as new_version, torch.no_grad():
             for name, tensor in state.items():
                 params[name].copy_(tensor)
-        return version
+        return new_version
 
     @contextmanager
-    def weight_update(self) -> Iterator[int]:
+    def weight_update(self, version: int | None = None) -> Iterator[int]:
         """Change the model's weights in the body, e.g. a shared model's `optimizer.step()`.
 
         The body runs between two decode steps, so no step sees half-updated weights, and
         the version changes with the weights, not a step before or after. On a normal exit
-        the prefix cache is dropped, the version bumped and the running rows recompute
-        their states before their next token. Yields the version the new weights will
-        carry. If the body raises, nothing changes but the time spent: the caller knows
-        best what state it left the weights in.
+        the prefix cache is dropped, the version becomes `version` (None: the next one)
+        and the running rows recompute their states before their next token. Yields the
+        version the new weights will carry. If the body raises, nothing changes but the
+        time spent: the caller knows best what state it left the weights in.
         """
         started = time.perf_counter()
         try:
             with self._lock:
-                yield self.version + 1
+                new_version = self.version + 1 if version is None else version
+                yield new_version
                 self._prefixes.clear()
                 self._stale = True
-                self.version += 1
+                self.version = new_version
         finally:
             self.stats.sync_s += time.perf_counter() - started
 

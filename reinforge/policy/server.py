@@ -7,7 +7,10 @@ Extensions to OpenAI's schema (ignored by clients that do not know them):
 - request `prompt_token_ids`: the exact tokens of the conversation so far, through the
   last assistant turn's sampled tokens. The server appends the template's tokens for the
   messages after the last assistant message, so earlier turns are never re-rendered.
-  With no assistant message in `messages`, `prompt_token_ids` is the whole prompt.
+  With no assistant message in `messages`, `prompt_token_ids` is the whole prompt;
+- `POST /v1/weights` `{"path", "version"}`: a trainer on this machine hands over new
+  weights as a safetensors file, with `server.weights_token` as its bearer token; they
+  apply between two decode steps and requests in flight continue under them.
 
 Bad requests get OpenAI's error JSON with a 4xx status; never a traceback.
 """
@@ -15,6 +18,7 @@ Bad requests get OpenAI's error JSON with a 4xx status; never a traceback.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 import uuid
@@ -24,6 +28,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 from reinforge.policy.chat import ChatFormat, TemplateError, parse_tool_calls
 from reinforge.policy.config import ServerConfig, Temperature, TopP
@@ -76,6 +82,19 @@ class ChatRequest(_Sampling):
     top_logprobs: int | None = Field(None, ge=0, le=0)
 
 
+class WeightsUpdate(BaseModel):
+    """A trainer's new weights, handed over as a file on this machine (in memory under
+    /dev/shm where there is one): no tensor data crosses HTTP."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    """A safetensors file of the model's parameters, under their plain names."""
+    version: int = Field(ge=0)
+    """The policy version the trainer gives these weights; tokens sampled after the update
+    carry it."""
+
+
 class CompletionRequest(_Sampling):
     prompt: str | list[int] = ""
     logprobs: int | None = Field(None, ge=0, le=0)
@@ -120,6 +139,12 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         choices = [service.text_choice(i, c, request) for i, c in enumerate(completions)]
         return service.response("text_completion", prompt_ids, completions, choices)
 
+    @app.post("/v1/weights")
+    async def weights(update: WeightsUpdate, request: Request) -> _Json:
+        service.authorize_weights(request)
+        version = await asyncio.to_thread(service.load_weights, update)
+        return {"policy_version": version}
+
     return app
 
 
@@ -130,6 +155,29 @@ class _Service:
     def __init__(self, engine: Engine, config: ServerConfig) -> None:
         self.engine, self.config = engine, config
         self.tokenizer, self.chat_format = engine.tokenizer, ChatFormat(engine.tokenizer)
+
+    def authorize_weights(self, request: Request) -> None:
+        """Only a trainer on this machine that knows the configured secret may change the
+        policy: anyone else could make every later rollout theirs."""
+        token = self.config.weights_token
+        if token is None:
+            raise APIError(403, "this server takes no weight updates (server.weights_token)")
+        host = request.client.host if request.client else ""
+        if host not in ("127.0.0.1", "::1", "localhost"):
+            raise APIError(403, "weight updates are taken from this machine only")
+        given = request.headers.get("authorization", "").removeprefix("Bearer ")
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            raise APIError(401, "wrong or missing weights token", code="invalid_api_key")
+
+    def load_weights(self, update: WeightsUpdate) -> int:
+        try:
+            state = load_file(update.path)
+        except (OSError, SafetensorError) as error:
+            raise APIError(400, f"cannot read weights at {update.path}: {error}", "path") from error
+        try:
+            return self.engine.update_weights(state, update.version)
+        except (KeyError, ValueError) as error:
+            raise APIError(400, f"weights do not fit the model: {error}", "path") from error
 
     def check(self, request: _Sampling) -> None:
         name = self.engine.name

@@ -1,0 +1,145 @@
+"""The engine as its own process: `reinforge serve` taking weights from a trainer, and a
+training run that samples from it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from reinforge.policy.config import EngineConfig, ServerConfig
+from reinforge.policy.engine import Engine
+from reinforge.policy.models import load_model
+from reinforge.policy.server import create_app
+
+from .commands import ROOT, tiny_train
+from .test_server import free_port
+
+TOKEN = "test-secret"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "reinforge", "serve", "--model", "tiny-random"),
+            *("--port", str(port), f"server.weights_token={TOKEN}"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            if process.poll() is not None:
+                raise RuntimeError(f"server exited: {process.stderr.read().decode()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def _perturbed_weights(path: Path) -> dict[str, torch.Tensor]:
+    model, _ = load_model("tiny-random")
+    generator = torch.Generator().manual_seed(0)
+    state = {
+        name: (p.detach() + 0.05 * torch.randn(p.shape, generator=generator)).contiguous()
+        for name, p in model.named_parameters()
+    }
+    save_file(state, path)
+    return state
+
+
+def test_weights_need_this_machine_and_the_token(server, tmp_path):
+    path = tmp_path / "w.safetensors"
+    _perturbed_weights(path)
+    update = {"path": str(path), "version": 3}
+    assert httpx.post(f"{server}/v1/weights", json=update).status_code == 401
+    wrong = {"Authorization": "Bearer nope"}
+    assert httpx.post(f"{server}/v1/weights", json=update, headers=wrong).status_code == 401
+    missing = {"path": str(tmp_path / "none.safetensors"), "version": 3}
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    response = httpx.post(f"{server}/v1/weights", json=missing, headers=headers)
+    assert response.status_code == 400 and "cannot read weights" in response.text
+
+
+async def test_a_server_without_a_token_takes_no_weights(tmp_path):
+    model, tokenizer = load_model("tiny-random")
+    engine = Engine(model, tokenizer, "tiny-random", EngineConfig())
+    try:
+        transport = httpx.ASGITransport(app=create_app(engine, ServerConfig()))
+        async with httpx.AsyncClient(transport=transport, base_url="http://engine") as client:
+            update = {"path": str(tmp_path / "w.safetensors"), "version": 1}
+            response = await client.post("/v1/weights", json=update)
+        assert response.status_code == 403 and "weights_token" in response.text
+    finally:
+        engine.close()
+
+
+def test_pushed_weights_are_the_policy_that_samples_next(server, tmp_path):
+    path = tmp_path / "w.safetensors"
+    state = _perturbed_weights(path)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    update = {"path": str(path), "version": 7}
+    response = httpx.post(f"{server}/v1/weights", json=update, headers=headers, timeout=60)
+    assert response.json() == {"policy_version": 7}
+    assert httpx.get(f"{server}/health").json()["policy_version"] == 7
+
+    reply = httpx.post(
+        f"{server}/v1/completions",
+        json={"model": "tiny-random", "prompt": [5, 6, 7, 8], "max_tokens": 6, "logprobs": 0},
+        timeout=60,
+    ).json()
+    choice = reply["choices"][0]
+    assert choice["policy_versions"] == [7] * len(choice["token_ids"])
+    model, _ = load_model("tiny-random")
+    model.load_state_dict(state, strict=False)
+    ids = torch.tensor([[5, 6, 7, 8, *choice["token_ids"]]])  # (1, L)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=ids).logits[0, 3:-1].float(), dim=-1)
+    expected = logp.gather(1, torch.tensor(choice["token_ids"]).unsqueeze(1)).squeeze(1)
+    recorded = torch.tensor(choice["logprobs"]["token_logprobs"])
+    assert torch.allclose(recorded, expected, atol=1e-4)
+
+
+def test_an_async_run_trains_against_reinforge_serve(server, tmp_path):
+    argv = tiny_train(
+        tmp_path,
+        "run.steps=3",
+        "loop.mode=async",
+        "loop.max_staleness=1",
+        f"loop.engine_url={server}/v1",
+        f"loop.engine_token={TOKEN}",
+    )
+    process = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert process.returncode == 0, process.stderr
+    lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    # The trainer names the versions: the server's earlier ones (other tests) do not leak in.
+    assert [r["policy_version"] for r in rows] == [1, 2, 3]
+    assert all(r["staleness_max"] <= 1 and r["time"]["sync_s"] > 0 for r in rows)
+    assert httpx.get(f"{server}/health").json()["policy_version"] == 3
+
+
+def test_a_wrong_token_is_one_clear_line(server, tmp_path):
+    argv = tiny_train(
+        tmp_path, "loop.mode=async", f"loop.engine_url={server}/v1", "loop.engine_token=nope"
+    )
+    process = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert process.returncode == 2
+    assert "refused the weights: wrong or missing weights token" in process.stderr
+    assert "Traceback" not in process.stderr
