@@ -52,6 +52,9 @@ class EvalSection(Section):
     """Seeds which tasks are drawn and the sampling."""
     out: Path | None = None
     """Output folder; None: runs/eval-ENV-TIME."""
+    max_error_rate: float = Field(0.1, ge=0.0, le=1.0)
+    """Fraction of rollouts that may error or time out; past it eval exits with code 3
+    (after writing everything), so a broken environment cannot pass for a weak model."""
 
 
 class EvalConfig(Section):

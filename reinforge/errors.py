@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import sysconfig
+import traceback
+from pathlib import Path
+
 from pydantic import ValidationError
+
+_LIBRARIES = {Path(sysconfig.get_path(name)) for name in ("stdlib", "purelib", "platlib")}
 
 
 class UsageError(Exception):
@@ -26,3 +32,23 @@ def first_problem(error: ValidationError) -> tuple[str, str]:
     problem = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
     problem = problem.removeprefix("Value error, ")  # a validator's own sentence
     return where, problem
+
+
+def raised_at(error: BaseException) -> str:
+    """`file:line` of the innermost frame of `error` in the user's code (not the standard
+    library or an installed package), where a fix would go; "" when there is none."""
+    if isinstance(error, SyntaxError) and error.filename:
+        return f"{error.filename}:{error.lineno}"
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        path = Path(frame.filename)
+        if frame.filename.startswith("<") or any(path.is_relative_to(lib) for lib in _LIBRARIES):
+            continue
+        return f"{frame.filename}:{frame.lineno}"
+    return ""
+
+
+def describe(error: BaseException) -> str:
+    """One line for a user: what was raised, and where."""
+    where = raised_at(error)
+    text = f"{type(error).__name__}: {error}"
+    return f"{text} ({where})" if where else text

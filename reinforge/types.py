@@ -72,7 +72,8 @@ class Trajectory(BaseModel):
     logprobs: list[float] = Field(default_factory=list)
     policy_versions: list[int] = Field(default_factory=list)
     rewards: dict[str, float] = Field(default_factory=dict)
-    reward: float = 0.0
+    reward: float | None = None
+    """The rubric's weighted total; None when the rollout was not scored (error, timeout)."""
     status: Status = Status.OK
     error: str | None = None
     turns: int = 0

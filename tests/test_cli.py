@@ -117,3 +117,68 @@ def test_bad_input_is_one_clear_line_and_exit_2(args, message):
     assert result.returncode == 2
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+BROKEN_TASKS = """
+from reinforge.envs import Environment
+
+
+class Broken(Environment):
+    def tasks(self, n, seed=0):
+        raise ValueError("no data file")
+
+
+def load_environment():
+    return Broken()
+"""
+
+FAILING_ROLLOUTS = """
+from reinforge.envs import Environment, Harness
+from reinforge.types import Task
+
+
+class Failing(Environment):
+    def tasks(self, n, seed=0):
+        return [Task(id=str(i), prompt=[{"role": "user", "content": "hi"}]) for i in range(n)]
+
+    async def respond(self, episode):
+        raise RuntimeError("respond is broken")
+
+
+def load_environment():
+    return Failing(Harness(max_tokens_per_turn=2))
+"""
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("def load_environment(:\n", "SyntaxError"),
+        ("import os\nimport no_such_module_here\n", "ModuleNotFoundError"),
+        ("raise RuntimeError('module-level bug')\n", "RuntimeError: module-level bug"),
+        (BROKEN_TASKS, "tasks() raised ValueError: no data file"),
+    ],
+)
+def test_a_broken_environment_file_is_one_line_naming_file_and_line(tmp_path, source, message):
+    path = tmp_path / "broken_env.py"
+    path.write_text(source)
+    result = reinforge("eval", str(path), "--model", "tiny-random", "--tasks", "2")
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+    assert f"{path}:" in result.stderr  # the file and line to fix
+
+
+def test_eval_exits_3_when_too_many_rollouts_error(tmp_path):
+    path = tmp_path / "failing_env.py"
+    path.write_text(FAILING_ROLLOUTS)
+    out = tmp_path / "out"
+    args = ("eval", str(path), "--model", "tiny-random", "--tasks", "2", "--out", str(out))
+    result = reinforge(*args)
+    assert result.returncode == 3, result.stderr
+    assert "2 of 2 rollouts errored" in result.stderr and "respond is broken" in result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["errored"] == 2 and summary["scored"] == 0
+    assert (
+        reinforge(*args[:-2], "--out", str(tmp_path / "o2"), "eval.max_error_rate=1").returncode
+        == 0
+    )

@@ -12,6 +12,7 @@ from reinforge.policy.config import SamplingConfig
 from reinforge.policy.records import masked_spans, token_record_problems
 from reinforge.rollout.config import RolloutConfig
 from reinforge.rollout.generator import generate_groups
+from reinforge.rollout.summary import summarize
 from reinforge.types import Status, Task
 
 
@@ -86,11 +87,22 @@ async def test_failures_are_statuses_and_the_run_goes_on(client):
     by_task = {g.task.id: g.trajectories for g in groups}
     assert [t.status for t in by_task["t0"]] == [Status.TRUNCATED] * 2  # 3 tokens, no EOS
     assert all(t.reward == 1.0 for t in by_task["t0"])
-    assert all(t.status == Status.ERROR and "environment bug" in t.error for t in by_task["t1"])
+    here = f"{__file__}:"
+    for trajectory in by_task["t1"]:
+        assert trajectory.status == Status.ERROR and "environment bug" in trajectory.error
+        assert here in trajectory.error  # where it was raised, to fix it
     assert all(t.status == Status.TIMEOUT for t in by_task["t2"])
+    for trajectory in by_task["t1"] + by_task["t2"]:
+        # The conversation up to the failure is kept: the prompt and the sampled reply.
+        assert [m["role"] for m in trajectory.messages] == ["user", "assistant"]
+        assert trajectory.reward is None and trajectory.token_ids
     for trajectory in by_task["t3"]:
         assert trajectory.status == Status.ERROR and "grader bug" in trajectory.error
-        assert trajectory.rewards == {}  # never a silent 0
+        assert here in trajectory.error
+        assert trajectory.rewards == {} and trajectory.reward is None  # never a silent 0
+    summary = summarize(groups, 1.0, 1.0)
+    assert (summary["scored"], summary["errored"]) == (2, 6)
+    assert summary["reward_mean"] == 1.0 and "environment bug" in summary["first_error"]
 
 
 async def test_episode_token_budget_truncates(client):

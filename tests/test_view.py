@@ -18,6 +18,7 @@ def _row(step: int, reward: float) -> dict:
         "pass_rate": reward,
         "completion_tokens_mean": 20.0,
         "zero_variance_groups": 3,
+        "errors": 1,
         "clip_fraction": 0.01,
         "entropy": 1.2,
         "staleness_max": 0,

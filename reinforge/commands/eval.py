@@ -17,6 +17,9 @@ from reinforge.commands.config_args import (
 )
 from reinforge.config import EvalConfig
 
+ERRORS_EXIT = 3
+"""Exit code when more than `eval.max_error_rate` of the rollouts errored or timed out."""
+
 FLAGS = (
     Flag("--model", "model.name", "SPEC_OR_URL"),
     Flag("--model-name", "model.served_name", "NAME"),
@@ -104,6 +107,16 @@ async def _run(config: EvalConfig, env: Any, out: Path) -> int:
         if engine is not None:
             engine.close()
     _print_summary(console, summary, out)
+    rate = summary["errored"] / max(summary["rollouts"], 1)
+    if rate > config.eval.max_error_rate:
+        console.print(
+            f"{summary['errored']} of {summary['rollouts']} rollouts errored or timed out, "
+            f"more than eval.max_error_rate = {config.eval.max_error_rate}; the first: "
+            f"{summary['first_error']}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return ERRORS_EXIT
     return 0
 
 
@@ -143,7 +156,11 @@ def _print_summary(console: Any, summary: dict[str, Any], out: Path) -> None:
             "tasks x rollouts",
             f"{summary['tasks']} x {summary['rollouts'] // max(summary['tasks'], 1)}",
         ),
-        ("reward (mean ± std)", f"{summary['reward_mean']:.3f} ± {summary['reward_std']:.3f}"),
+        (
+            f"reward (mean ± std of {summary['scored']} scored)",
+            f"{summary['reward_mean']:.3f} ± {summary['reward_std']:.3f}",
+        ),
+        ("errored or timed out", str(summary["errored"])),
     ]
     rows += [(f"  {name}", f"{value:.3f}") for name, value in summary["rewards"].items()]
     rows += [(key, f"{summary[key]:.3f}") for key in summary if key.startswith("pass@")]

@@ -1,4 +1,4 @@
-"""`reinforge train CONFIG.toml [key=value ...]`: the synchronous RL loop."""
+"""`reinforge train CONFIG.toml [key=value ...]`: the RL loop (sync, async or partial)."""
 
 from __future__ import annotations
 

@@ -35,6 +35,7 @@ def step_line(metrics: dict[str, Any], steps: int) -> str:
         f"pass {metrics['pass_rate']:.2f}  "
         f"len {metrics['completion_tokens_mean']:5.1f}  "
         f"zero-var {metrics['zero_variance_groups']}  "
+        f"errors {metrics['errors']}  "
         f"wait {times['trainer_idle_s']:5.1f}s  train {times['train_s']:5.1f}s  "
         f"sync {times['sync_s']:4.2f}s" + _staleness(metrics)
     )
@@ -92,7 +93,8 @@ class TrainView:
 
     def _table(self) -> Table:
         table = Table(box=None, pad_edge=False)
-        for name in ("step", "reward", "pass", "len", "zero-var", "clip", "entropy", "step s"):
+        names = ("step", "reward", "pass", "len", "zero-var", "errors", "clip", "entropy", "step s")
+        for name in names:
             table.add_column(name, justify="right")
         for row in self.rows[-_RECENT:]:
             table.add_row(
@@ -101,6 +103,7 @@ class TrainView:
                 f"{row['pass_rate']:.2f}",
                 f"{row['completion_tokens_mean']:.1f}",
                 str(row["zero_variance_groups"]),
+                str(row["errors"]),
                 f"{row.get('clip_fraction', 0.0):.3f}",
                 f"{row.get('entropy', 0.0):.2f}",
                 f"{row['time']['total_s']:.1f}",

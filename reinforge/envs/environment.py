@@ -96,8 +96,16 @@ class Environment:
     async def aclose(self) -> None:
         """Release what the environment holds across episodes (a sandbox pool)."""
 
-    async def rollout(self, client: ChatClient, task: Task) -> Episode:
-        episode = Episode(task, self.harness.initial_messages(task), self.setup(task))
+    def new_episode(self, task: Task) -> Episode:
+        return Episode(task, self.harness.initial_messages(task), self.setup(task))
+
+    async def rollout(
+        self, client: ChatClient, task: Task, episode: Episode | None = None
+    ) -> Episode:
+        """Play one episode of `task`. A caller that passes its own `episode` (from
+        `new_episode`) keeps the conversation so far even if the rollout raises or is
+        cancelled at its time limit."""
+        episode = episode or self.new_episode(task)
         await self.start(episode)
         try:
             await self._play(client, episode)

@@ -18,7 +18,8 @@ from typing import Any
 
 from reinforge.envs.config import EnvConfig
 from reinforge.envs.environment import Environment
-from reinforge.errors import UsageError
+from reinforge.errors import UsageError, describe
+from reinforge.types import Task
 
 GROUP = "reinforge.environments"
 FILE_FUNCTION = "load_environment"
@@ -34,6 +35,8 @@ def load_environment(spec: str, **kwargs: Any) -> Environment:
         environment = factory(**kwargs)
     except (TypeError, ValueError) as error:
         raise UsageError(f"environment {spec!r} rejected its arguments: {error}") from error
+    except Exception as error:
+        raise UsageError(f"environment {spec!r} failed to load: {describe(error)}") from error
     if not isinstance(environment, Environment):
         raise UsageError(f"{spec!r} returned {type(environment).__name__}, not an Environment")
     return environment
@@ -57,8 +60,8 @@ def _factory(spec: str) -> Callable[..., Any]:
         module_name, _, attribute = spec.partition(":")
         try:
             module = importlib.import_module(module_name)
-        except ImportError as error:
-            raise UsageError(f"cannot import {module_name!r}: {error}") from error
+        except Exception as error:  # not found, or the module itself is broken
+            raise UsageError(f"cannot import {module_name!r}: {describe(error)}") from error
         return _attribute(module, attribute, spec)
     installed = installed_environments()
     if spec not in installed:
@@ -78,7 +81,10 @@ def _from_file(path: Path) -> Callable[..., Any]:
     assert module_spec is not None and module_spec.loader is not None
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module
-    module_spec.loader.exec_module(module)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as error:  # the user's file: say where, not a traceback
+        raise UsageError(f"cannot load environment file {path}: {describe(error)}") from error
     return _attribute(module, FILE_FUNCTION, str(path))
 
 
@@ -87,3 +93,14 @@ def _attribute(module: Any, attribute: str, spec: str) -> Callable[..., Any]:
     if not callable(factory):
         raise UsageError(f"{spec}: no function {attribute!r} returning an Environment")
     return factory
+
+
+def draw_tasks(environment: Environment, n: int, seed: int) -> list[Task]:
+    """`environment.tasks(n, seed)`, with a failure reported as the environment's, in one
+    line with where it was raised: it is the user's code, not the run, that needs fixing."""
+    try:
+        return environment.tasks(n, seed=seed)
+    except Exception as error:
+        raise UsageError(
+            f"environment {environment.name!r}: tasks() raised {describe(error)}"
+        ) from error

@@ -12,6 +12,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from reinforge.errors import describe
+
 if TYPE_CHECKING:
     from reinforge.envs.episode import Episode
 
@@ -96,7 +98,7 @@ async def _number(term: Reward, episode: Episode) -> float:
     except GraderError:
         raise
     except Exception as error:
-        raise GraderError(f"reward {term.key!r} raised {type(error).__name__}: {error}") from error
+        raise GraderError(f"reward {term.key!r} raised {describe(error)}") from error
 
 
 async def _number_list(term: GroupReward, episodes: list[Episode]) -> list[float]:
@@ -106,9 +108,7 @@ async def _number_list(term: GroupReward, episodes: list[Episode]) -> list[float
             values = await values
         values = list(values)
     except Exception as error:
-        raise GraderError(
-            f"group reward {term.key!r} raised {type(error).__name__}: {error}"
-        ) from error
+        raise GraderError(f"group reward {term.key!r} raised {describe(error)}") from error
     if len(values) != len(episodes):
         raise GraderError(
             f"group reward {term.key!r} returned {len(values)} values for {len(episodes)} episodes"

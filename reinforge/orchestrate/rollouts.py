@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reinforge.envs.environment import Environment
+from reinforge.envs.registry import draw_tasks
 from reinforge.policy.client import PolicyClient
 from reinforge.rollout.config import TrainRolloutConfig
 from reinforge.rollout.generator import generate_group
@@ -142,7 +143,7 @@ class RolloutSide:
     def _task(self, slot: Slot) -> Task:
         if slot.batch not in self._tasks:
             seed = task_seed(self.run_seed, slot.batch)
-            self._tasks[slot.batch] = self.env.tasks(self.config.tasks_per_step, seed=seed)
+            self._tasks[slot.batch] = draw_tasks(self.env, self.config.tasks_per_step, seed)
         for batch in [b for b in self._tasks if b < min(self._next.batch, slot.batch)]:
             del self._tasks[batch]  # no slot of it is left to start
         return self._tasks[slot.batch][slot.index]

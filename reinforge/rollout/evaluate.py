@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from reinforge.envs.environment import Environment
+from reinforge.envs.registry import draw_tasks
 from reinforge.policy.client import PolicyClient
 from reinforge.rollout.config import RolloutConfig
 from reinforge.rollout.generator import generate_groups
@@ -28,7 +29,7 @@ async def evaluate(
 ) -> tuple[list[Group], dict[str, Any]]:
     """Run `num_tasks` x `rollouts_per_task`; trajectories are written group by group.
     `seed` draws the tasks and seeds the sampling."""
-    tasks = env.tasks(num_tasks, seed=seed)
+    tasks = draw_tasks(env, num_tasks, seed)
     writer = RolloutWriter(out)
     started = time.perf_counter()
     try:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from reinforge.envs.environment import Environment, jsonable
 from reinforge.envs.episode import Episode
 from reinforge.envs.rubric import GraderError
+from reinforge.errors import describe
 from reinforge.policy.client import EpisodeClient, PolicyClient
 from reinforge.rollout.config import RolloutConfig
 from reinforge.types import Group, Status, Task, Timings, Trajectory
@@ -25,6 +26,7 @@ from reinforge.types import Group, Status, Task, Timings, Trajectory
 class _Done:
     trajectory: Trajectory
     episode: Episode | None
+    """The finished episode, for the rubric; None when the rollout did not finish."""
 
 
 async def generate_groups(
@@ -92,23 +94,27 @@ async def _rollout(
         )
         episode: Episode | None = None
         try:
-            episode = await asyncio.wait_for(env.rollout(episode_client, task), timeout=timeout_s)
+            episode = env.new_episode(task)
+            await asyncio.wait_for(env.rollout(episode_client, task, episode), timeout=timeout_s)
             trajectory.status = Status.TRUNCATED if episode.truncated else Status.OK
         except TimeoutError:
             trajectory.status = Status.TIMEOUT
             trajectory.error = f"rollout exceeded {timeout_s} s"
         except Exception as error:  # a broken rollout is data, not a crash
             trajectory.status = Status.ERROR
-            trajectory.error = f"{type(error).__name__}: {error}"
+            trajectory.error = describe(error)
         _record(trajectory, episode_client, episode, time.perf_counter() - started)
     if on_rollout is not None:
         on_rollout(trajectory)
-    return _Done(trajectory, episode)
+    finished = trajectory.status in (Status.OK, Status.TRUNCATED)
+    return _Done(trajectory, episode if finished else None)
 
 
 def _record(
     trajectory: Trajectory, client: EpisodeClient, episode: Episode | None, elapsed: float
 ) -> None:
+    """What the rollout left, however it ended: an errored or timed-out one keeps its
+    conversation up to the failure, which is what its reader needs to debug it."""
     token_ids, mask, logprobs, versions = client.token_record()
     trajectory.token_ids, trajectory.loss_mask = token_ids, mask
     trajectory.logprobs, trajectory.policy_versions = logprobs, versions

@@ -20,22 +20,30 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def summarize(groups: list[Group], pass_threshold: float, wall_s: float) -> dict[str, Any]:
+    """Rewards are over the scored rollouts (`scored` of `rollouts`); those that errored or
+    timed out have no reward and are counted in `errored`, with the first one's message."""
     trajectories = [t for g in groups for t in g.trajectories]
     scored = [t for t in trajectories if t.status in SCORED]
-    rewards = [t.reward for t in scored]
+    rewards = [t.reward or 0.0 for t in scored]  # a scored rollout always has one
+    failed = [t for t in trajectories if t.status not in SCORED]
     terms = sorted({name for t in scored for name in t.rewards})
     k = max((len(g.trajectories) for g in groups), default=0)
     pass_1: list[float] = []
     pass_k: list[float] = []
     for group in groups:
         n = len(group.trajectories)
-        passed = sum(t.status in SCORED and t.reward >= pass_threshold for t in group.trajectories)
+        passed = sum(
+            t.status in SCORED and (t.reward or 0.0) >= pass_threshold for t in group.trajectories
+        )
         pass_1.append(pass_at_k(n, passed, 1))
         pass_k.append(pass_at_k(n, passed, n))
     sampled = sum(t.completion_tokens for t in trajectories)
     return {
         "tasks": len(groups),
         "rollouts": len(trajectories),
+        "scored": len(scored),
+        "errored": len(failed),
+        "first_error": failed[0].error if failed else None,
         "reward_mean": _mean(rewards),
         "reward_std": statistics.pstdev(rewards) if rewards else 0.0,
         "rewards": {name: _mean([t.rewards.get(name, 0.0) for t in scored]) for name in terms},

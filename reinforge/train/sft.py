@@ -81,7 +81,9 @@ def load_data(config: SFTConfig, tokenizer: PreTrainedTokenizerBase) -> SFTData:
 def _passes(trajectory: Trajectory, config: SFTConfig) -> bool:
     if trajectory.status not in config.statuses:
         return False
-    return config.min_reward is None or trajectory.reward >= config.min_reward
+    if config.min_reward is None:
+        return True
+    return trajectory.reward is not None and trajectory.reward >= config.min_reward
 
 
 def _filters(config: SFTConfig) -> str:

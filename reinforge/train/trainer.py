@@ -70,6 +70,7 @@ def _training_reward(trajectory: Trajectory, config: TrainerConfig) -> float:
     """The reward the advantage sees: the rubric's, or the penalty for a cut-off one."""
     if config.truncated == "penalize" and trajectory.status is Status.TRUNCATED:
         return config.truncation_penalty
+    assert trajectory.reward is not None  # ok or truncated: scored
     return trajectory.reward
 
 
