@@ -180,6 +180,10 @@ def test_a_killed_run_resumes_with_the_same_data_order(tmp_path):
     ]
     assert [r["lr"] for r in rows] == [json.loads(line)["lr"] for line in whole_rows]
 
+    finished = _train(killed_dir, "--resume")
+    assert finished.wait(timeout=300) == 2
+    assert "has finished its 4 steps: nothing to resume" in finished.stderr.read()
+
 
 def test_the_example_configs_validate():
     for path in (ROOT / "examples").glob("*.toml"):

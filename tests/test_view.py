@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import io
 import re
+import time
 
 from rich.console import Console
 
+from reinforge.commands import view as view_module
 from reinforge.commands.view import TrainView, sparkline, step_line
 
 
@@ -73,3 +75,22 @@ def test_an_off_policy_step_shows_its_staleness():
         view.update(row)
     assert "stale 0.50/1  dropped 2  carried 0" in out.getvalue()
     assert "stale" not in step_line(_row(0, 0.0), 1)
+
+
+def test_a_log_keeps_one_line_per_step_at_any_width():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=80)  # a pipe's default width
+    with TrainView(console, steps=1) as view:
+        view.update(_row(0, 0.5))
+    assert len(out.getvalue().splitlines()) == 1 and len(out.getvalue()) > 80
+
+
+def test_a_log_hears_from_a_long_step(monkeypatch):
+    monkeypatch.setattr(view_module, "HEARTBEAT_S", 0.05)
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=200)
+    with TrainView(console, steps=2):
+        deadline = time.monotonic() + 30
+        while "running" not in out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert out.getvalue().startswith("step    1/2  running, ")

@@ -121,10 +121,13 @@ async def _run(config: EvalConfig, env: Any, out: Path) -> int:
 
 
 class _progress:
-    """A rich progress bar advanced once per finished rollout."""
+    """A rich progress bar advanced once per finished rollout; in a log, a line at least
+    every `HEARTBEAT_S` instead."""
 
     def __init__(self, console: Any, total: int) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        from reinforge.commands.view import Heartbeat
 
         self._bar = Progress(
             "[progress.description]{task.description}",
@@ -135,12 +138,23 @@ class _progress:
             transient=True,
         )
         self._task = self._bar.add_task("rollouts", total=total)
+        self._done, self._total = 0, total
+        self._heartbeat = Heartbeat(console, self._line)
+
+    def _line(self, elapsed_s: float) -> str:
+        return f"rollouts {self._done}/{self._total}, {elapsed_s:.0f} s"
+
+    def _advance(self, _trajectory: Any) -> None:
+        self._done += 1
+        self._bar.advance(self._task)
 
     def __enter__(self) -> Any:
         self._bar.start()
-        return lambda _trajectory: self._bar.advance(self._task)
+        self._heartbeat.__enter__()
+        return self._advance
 
     def __exit__(self, *exc: object) -> None:
+        self._heartbeat.__exit__(*exc)
         self._bar.stop()
 
 

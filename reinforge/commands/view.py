@@ -6,6 +6,9 @@ one plain line, so logs stay readable. Both read the same `metrics.jsonl` rows.
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console, Group
@@ -15,6 +18,42 @@ from rich.table import Table
 
 _BARS = "▁▂▃▄▅▆▇█"
 _RECENT = 8
+HEARTBEAT_S = 30.0
+"""Longest silence of a command whose output is a log rather than a terminal."""
+
+
+class Heartbeat:
+    """Where output is a log (CI, a pipe), a line at least every `HEARTBEAT_S`, so a long
+    step or eval never looks hung; a terminal has its live display instead. `describe`
+    gets the seconds since the start; `beat()` says a line was just printed."""
+
+    def __init__(self, console: Console, describe: Callable[[float], str]) -> None:
+        self.console = console
+        self.describe = describe
+        self._started = self._last = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="reinforge-heartbeat", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        if not self.console.is_terminal:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def beat(self) -> None:
+        self._last = time.monotonic()
+
+    def _run(self) -> None:
+        while not self._stop.wait(max(self._last + HEARTBEAT_S - time.monotonic(), 0.0)):
+            now = time.monotonic()
+            if now - self._last >= HEARTBEAT_S:
+                line = self.describe(now - self._started)
+                self.console.print(line, highlight=False, soft_wrap=True)
+                self._last = now
 
 
 def sparkline(values: list[float], width: int = 60) -> str:
@@ -68,15 +107,21 @@ class TrainView:
         )
         self.task = self.progress.add_task("train", total=steps)
         self.live = Live(self._render(), console=console, refresh_per_second=2)
+        self.heartbeat = Heartbeat(console, self._waiting)
 
     def __enter__(self) -> TrainView:
         if self.console.is_terminal:
             self.live.__enter__()
+        self.heartbeat.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.heartbeat.__exit__(*exc)
         if self.console.is_terminal:
             self.live.__exit__(*exc)
+
+    def _waiting(self, elapsed_s: float) -> str:
+        return f"step {len(self.rows) + 1:4d}/{self.steps}  running, {elapsed_s:.0f} s since start"
 
     def update(self, metrics: dict[str, Any]) -> None:
         self.rows.append(metrics)
@@ -85,6 +130,7 @@ class TrainView:
             self.live.update(self._render())
         else:
             self.console.print(step_line(metrics, self.steps), highlight=False, soft_wrap=True)
+            self.heartbeat.beat()
 
     def _render(self) -> Group:
         rewards = [row["reward_mean"] for row in self.rows]

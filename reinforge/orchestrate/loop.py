@@ -65,6 +65,11 @@ async def train(
         state = load_trainer_state(checkpoint)
         trainer.load_state_dict(state)
         start_step, version = state["step"], state["policy_version"]
+        if start_step >= config.run.steps:
+            raise UsageError(
+                f"{config.run_dir} has finished its {start_step} steps: nothing to resume "
+                f"(raise run.steps to train on)"
+            )
         position = state.get("loop", RolloutSide.start_position(start_step))
     engine = await open_engine(config, model, tokenizer, version)
     bound = config.loop.max_staleness if config.loop.mode != "sync" else 0
