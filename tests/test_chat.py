@@ -2,7 +2,24 @@ import json
 
 import pytest
 
-from reinforge.policy.chat import TemplateError, parse_tool_calls
+from reinforge.policy.chat import ChatFormat, TemplateError, parse_tool_calls
+from reinforge.policy.models import load_tokenizer
+
+CALL = '<tool_call>\n{"name": "weather", "arguments": {"city": "Zürich", "days": 2}}\n</tool_call>'
+USER = {"role": "user", "content": "Weather?"}
+
+
+def sent_back(text: str) -> dict:
+    """The assistant message an OpenAI client sends back for a reply whose tool calls the
+    server parsed out of `text`: content beside the calls, not the markup."""
+    parsed = parse_tool_calls(text)
+    return {"role": "assistant", "content": parsed.content or None, "tool_calls": parsed.tool_calls}
+
+
+def with_template(template: str) -> ChatFormat:
+    tokenizer = load_tokenizer("tiny-random")
+    tokenizer.chat_template = template
+    return ChatFormat(tokenizer)
 
 
 def test_continuation_equals_a_fresh_render_when_tokens_are_canonical(chat_format):
@@ -67,3 +84,51 @@ def test_malformed_tool_calls_are_errors_not_calls(text):
     parsed = parse_tool_calls(text)
     assert parsed.tool_calls == [] and len(parsed.errors) == 1
     assert parsed.content == text
+
+
+@pytest.mark.parametrize(
+    "text", [CALL, f"Let me look.\n{CALL}", f"{CALL}\n{CALL.replace('Zürich', 'Bern')}"]
+)
+def test_parsed_tool_calls_sent_back_render_as_the_text_that_was_sampled(chat_format, text):
+    # Templates without tool support ignore `tool_calls`: the call would vanish from the
+    # history. It comes back as the Hermes blocks it was parsed from, character for character.
+    sampled = chat_format.render_text([USER, {"role": "assistant", "content": text}])
+    assert chat_format.render_text([USER, sent_back(text)]) == sampled
+
+
+def test_a_reply_that_keeps_its_markup_is_not_written_twice(chat_format):
+    reply = {**sent_back(CALL), "content": CALL}  # how reinforge's own client sends it back
+    assert chat_format.render_text([USER, reply]).count("<tool_call>") == 1
+
+
+def test_tool_call_arguments_keep_their_characters(chat_format):
+    (call,) = parse_tool_calls(CALL).tool_calls
+    assert call["function"]["arguments"] == '{"city": "Zürich", "days": 2}'
+
+
+TOOL_TEMPLATE = (
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}[{{ c.function.name }} {{ c.function.arguments | tojson }}]"
+    "{% endfor %}</{{ m.role }}>{% endfor %}{% if tools %}{% endif %}"
+)
+
+
+def test_templates_with_tool_support_get_tool_calls_with_dict_arguments():
+    chat = with_template(TOOL_TEMPLATE)
+    assert chat.native_tools and chat.dict_arguments
+    text = chat.render_text([USER, sent_back(CALL)])
+    assert text.endswith('<assistant>[weather {"city": "Zürich", "days": 2}]</assistant>')
+
+
+def test_templates_that_paste_arguments_get_the_string():
+    chat = with_template(TOOL_TEMPLATE.replace(" | tojson", ""))
+    assert chat.native_tools and not chat.dict_arguments
+    text = chat.render_text([USER, sent_back(CALL)])
+    assert text.endswith('<assistant>[weather {"city": "Zürich", "days": 2}]</assistant>')
+
+
+def test_arguments_that_are_not_a_json_object_cannot_fill_a_dict_template():
+    chat = with_template(TOOL_TEMPLATE)
+    call = {"type": "function", "function": {"name": "f", "arguments": "[1]"}}
+    with pytest.raises(TemplateError, match="JSON object"):
+        chat.render_text([USER, {"role": "assistant", "content": None, "tool_calls": [call]}])

@@ -1,4 +1,5 @@
-"""The real `reinforge serve` process, spoken to by the official openai client."""
+"""The real `reinforge serve` process, spoken to by the official openai client; and the
+same app in process over a scripted tiny model, for what a random model never writes."""
 
 from __future__ import annotations
 
@@ -7,13 +8,32 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import openai
 import pytest
+import pytest_asyncio
+import torch
 
-from reinforge.policy.models import load_tokenizer
+from reinforge.policy.config import EngineConfig, ServerConfig
+from reinforge.policy.engine import Engine
+from reinforge.policy.models import load_model, load_tokenizer
+from reinforge.policy.server import create_app
+
+USER = {"role": "user", "content": "What is 2 + 2?"}
+CALL = '<tool_call>\n{"name": "calc", "arguments": {"expression": "2 + 2"}}\n</tool_call>'
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calc",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+        },
+    }
+]
 
 
 def free_port() -> int:
@@ -49,6 +69,59 @@ def server() -> Iterator[str]:
 @pytest.fixture
 def client(server: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0)
+
+
+class ScriptedModel(torch.nn.Module):
+    """The tiny random model, made to sample a script: a random model never writes a tool
+    call. While `script` holds tokens, each forward (one per sampled token of the one
+    request in flight) leaves the next scripted token the only one it can sample."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.inner, self.config = model, model.config
+        self.generation_config = model.generation_config
+        self.script: list[int] = []
+
+    def forward(self, **inputs: Any) -> Any:
+        output = self.inner(**inputs)
+        if self.script:
+            forced = torch.full_like(output.logits[:, -1], float("-inf"))
+            forced[:, self.script.pop(0)] = 0.0
+            output.logits[:, -1] = forced
+        return output
+
+
+@pytest.fixture(scope="module")
+def scripted_engine() -> Iterator[tuple[Engine, ScriptedModel]]:
+    model, tokenizer = load_model("tiny-random")
+    scripted = ScriptedModel(model)
+    engine = Engine(scripted, tokenizer, "tiny-random", EngineConfig())  # type: ignore[arg-type]
+    yield engine, scripted
+    engine.close()
+
+
+@pytest_asyncio.fixture
+async def scripted(
+    scripted_engine: tuple[Engine, ScriptedModel],
+) -> AsyncIterator[tuple[ScriptedModel, openai.AsyncOpenAI]]:
+    """The server's app in process (the transport PolicyClient uses), over the scripted
+    model, spoken to by the official openai client."""
+    engine, model = scripted_engine
+    transport = httpx.ASGITransport(app=create_app(engine, ServerConfig()))
+    http = httpx.AsyncClient(transport=transport, base_url="http://engine/v1")
+    client = openai.AsyncOpenAI(
+        base_url="http://engine/v1", api_key="none", http_client=http, max_retries=0
+    )
+    yield model, client
+    model.script.clear()  # a failed test must not script the next one
+    await client.close()
+
+
+def script(text: str) -> list[int]:
+    """The tokens of `text` as the template would render them, then EOS: a turn the
+    policy ended itself."""
+    tokenizer = load_tokenizer("tiny-random")
+    return tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
 
 
 def test_chat_with_n_and_logprobs_returns_token_ids(client):
@@ -118,9 +191,19 @@ def test_models_and_health(server, client):
         ({"n": 0}, "n"),
         ({"top_p": 0}, "top_p"),
         ({"messages": []}, "messages"),
-        ({"messages": [{"content": "no role"}]}, "messages"),
+        ({"messages": [{"content": "no role"}]}, "messages[0].role"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user"}]}, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        ({"tools": [{"type": "function"}]}, "tools[0].function"),
+        ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools[0].type"),
         ({"max_tokens": 100_000}, "messages"),
-        ({"stream": True}, "stream"),
+        ({"logprobs": True, "top_logprobs": 5}, "top_logprobs"),
+        ({"messages": [{"role": "user", "content": [1]}]}, "messages[0].content[0].type"),
+        (
+            {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}]},
+            "messages[0].tool_calls[0].function",
+        ),
     ],
 )
 def test_bad_requests_get_openai_errors_with_4xx(server, body, param):
@@ -157,13 +240,138 @@ def test_unknown_model_is_404(client):
         )
 
 
-def test_malformed_json_is_400(server):
+def test_malformed_json_is_400_saying_so_without_a_param(server):
     response = httpx.post(
         f"{server}/v1/chat/completions",
-        content=b"{not json",
+        content=b'{"model": "tiny-random", "messages": [}',
         headers={"content-type": "application/json"},
     )
-    assert response.status_code == 400 and "error" in response.json()
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["message"].startswith("request body is not valid JSON: ")
+    assert error["param"] is None and error["type"] == "invalid_request_error"
+
+
+def test_non_text_content_parts_are_refused_naming_the_part(client):
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    content = [{"type": "text", "text": "What is this?"}, image]
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model="tiny-random", messages=[{"role": "user", "content": content}], max_tokens=1
+        )
+    assert caught.value.param == "messages[0].content[1].type"
+    assert "image_url" in caught.value.message and "text" in caught.value.message
+
+
+def test_text_content_parts_are_joined_with_newlines(client):
+    parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]
+    prompts = [
+        client.chat.completions.create(
+            model="tiny-random", messages=[{"role": "user", "content": content}], max_tokens=1
+        ).model_extra["prompt_token_ids"]
+        for content in (parts, "Hello\nthere")
+    ]
+    assert prompts[0] == prompts[1]
+
+
+def test_top_logprobs_above_zero_is_refused_saying_what_is_supported(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model="tiny-random", messages=[USER], logprobs=True, top_logprobs=3, max_tokens=1
+        )
+    assert caught.value.param == "top_logprobs"
+    assert "sampled token only" in caught.value.message
+    response = client.chat.completions.create(
+        model="tiny-random", messages=[USER], logprobs=True, top_logprobs=0, max_tokens=2
+    )
+    assert [entry.top_logprobs for entry in response.choices[0].logprobs.content] == [[], []]
+
+
+def test_streaming_with_the_openai_client_n_2(client):
+    stream = client.chat.completions.create(
+        model="tiny-random",
+        messages=[USER],
+        n=2,
+        max_tokens=6,
+        logprobs=True,
+        seed=3,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    texts, entries, last = {0: "", 1: ""}, {0: [], 1: []}, {}
+    for chunk in chunks:
+        assert chunk.object == "chat.completion.chunk"
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            entries[choice.index] += choice.logprobs.content if choice.logprobs else []
+            if choice.finish_reason is not None:
+                last[choice.index] = (chunk, choice)
+    assert sorted(last) == [0, 1]
+    tokenizer = load_tokenizer("tiny-random")
+    for index, (chunk, choice) in last.items():
+        extra = choice.model_extra
+        assert texts[index] == extra["raw_text"] == tokenizer.decode(extra["token_ids"])
+        assert len(extra["token_ids"]) == len(entries[index]) == 6 == len(extra["policy_versions"])
+        assert all(entry.logprob <= 0 for entry in entries[index])
+        assert chunk.model_extra["prompt_token_ids"] and chunk.model_extra["policy_version"] == 0
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+
+
+def test_a_stream_is_server_sent_events_ending_with_done(server):
+    request = {"model": "tiny-random", "prompt": "Once", "max_tokens": 3, "stream": True}
+    with httpx.stream("POST", f"{server}/v1/completions", json=request) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in response.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in events) and events[-1] == "data: [DONE]"
+    chunks = [json.loads(line.removeprefix("data: ")) for line in events[:-1]]
+    assert {chunk["object"] for chunk in chunks} == {"text_completion"}
+    final = chunks[-1]["choices"][0]
+    assert final["finish_reason"] == "length" and len(final["token_ids"]) == 3
+    assert "".join(c["choices"][0]["text"] for c in chunks) == final["raw_text"]
+
+
+async def test_a_tool_call_sent_back_as_history_renders_to_the_sampled_tokens(scripted):
+    # An OpenAI client sends a call back as the parsed message (content None beside
+    # tool_calls), not as the text that was sampled; the history must still be exactly the
+    # tokens the policy sampled, or the call vanishes and the episode's tokens shift.
+    model, client = scripted
+    model.script = script(CALL)
+    first = await client.chat.completions.create(
+        model="tiny-random", messages=[USER], tools=TOOLS, max_tokens=64
+    )
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert json.loads(call.function.arguments) == {"expression": "2 + 2"}
+    sampled = first.model_extra["prompt_token_ids"] + choice.model_extra["token_ids"]
+    assert choice.model_extra["token_ids"] == script(CALL)
+    result = {"role": "tool", "tool_call_id": call.id, "content": "4"}
+    second = await client.chat.completions.create(
+        model="tiny-random", messages=[USER, choice.message, result], tools=TOOLS, max_tokens=1
+    )
+    prompt = second.model_extra["prompt_token_ids"]
+    assert prompt[: len(sampled)] == sampled
+    tail = load_tokenizer("tiny-random").decode(prompt[len(sampled) :])
+    assert tail == "\n<|im_start|>tool\n4<|im_end|>\n<|im_start|>assistant\n"
+
+
+async def test_a_streamed_tool_call_arrives_whole_in_one_delta(scripted):
+    model, client = scripted
+    model.script = script(f"Let me compute.\n{CALL}")
+    stream = await client.chat.completions.create(
+        model="tiny-random", messages=[USER], tools=TOOLS, max_tokens=64, logprobs=True, stream=True
+    )
+    chunks = [chunk async for chunk in stream]
+    deltas = [choice.delta for chunk in chunks for choice in chunk.choices]
+    assert "".join(d.content or "" for d in deltas) == "Let me compute."
+    (call,) = [c for d in deltas for c in d.tool_calls or []]
+    assert call.index == 0 and call.function.name == "calc" and call.id
+    final = chunks[-1].choices[0]
+    assert final.finish_reason == "tool_calls"
+    assert final.model_extra["token_ids"] == script(f"Let me compute.\n{CALL}")
+    entries = [e for c in chunks for ch in c.choices if ch.logprobs for e in ch.logprobs.content]
+    assert len(entries) == len(final.model_extra["token_ids"])
 
 
 def test_eval_against_the_server_url_keeps_token_records(server, tmp_path):

@@ -8,7 +8,11 @@ token sequence that differs from the canonical tokenization of its text) cannot 
 what the policy saw.
 
 Templates that do not understand `tools` get the tool schemas in the system prompt and
-are parsed in the Hermes `<tool_call>{...}</tool_call>` format.
+are parsed in the Hermes `<tool_call>{...}</tool_call>` format. An assistant message's
+`tool_calls` (how OpenAI clients send a call back as history) are written back in that
+same format for such templates, so a call parsed out of sampled text renders to the text
+that was sampled; templates with tool support get `tool_calls` themselves, with
+`arguments` as a dict where the template serialises or walks it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ _DUMMY: list[Message] = [
     {"role": "assistant", "content": "a"},
 ]
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+# A template that writes `arguments | tojson` or walks `arguments | items` wants a dict
+# (Hugging Face's convention); one that pastes `arguments` as is wants OpenAI's string.
+_DICT_ARGUMENTS = re.compile(r"arguments['\"\]]*\s*\|\s*(?:tojson|items|dictsort)")
 
 
 class TemplateError(ValueError):
@@ -56,6 +63,8 @@ class ChatFormat:
             raise TemplateError("the tokenizer has no chat template")
         self.tokenizer = tokenizer
         self.native_tools = "tools" in tokenizer.chat_template
+        self.dict_arguments = bool(_DICT_ARGUMENTS.search(tokenizer.chat_template))
+        """Whether a native template takes tool-call `arguments` as a dict, not a string."""
         closed = self._render([*_DUMMY[:2], {"role": "assistant", "content": _SENTINEL}])
         self.assistant_suffix = closed.split(_SENTINEL, 1)[1]
         """Template text after an assistant message's content, e.g. `<|im_end|>\\n`."""
@@ -99,14 +108,28 @@ class ChatFormat:
         return [{"role": "system", "content": block}, *messages]
 
     def _render(self, messages: list[Message], add_generation_prompt: bool = False) -> str:
+        prepared = [self._template_message(m) for m in messages]
         try:
             return self.tokenizer.apply_chat_template(
-                [_plain(m) for m in messages],
+                prepared,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
             )
         except Exception as error:  # jinja raises its own types for unrenderable input
             raise TemplateError(f"chat template failed: {error}") from error
+
+    def _template_message(self, message: Message) -> Message:
+        """The message as this template can render it. Templates without tool support
+        ignore `tool_calls`, which would leave an empty assistant turn: the calls go into
+        the content as the Hermes blocks the policy was asked to write."""
+        calls = message.get("tool_calls")
+        if calls and message.get("role") == "assistant":
+            if not self.native_tools:
+                rest = {k: v for k, v in message.items() if k != "tool_calls"}
+                return {**rest, "content": tool_call_markup(message.get("content"), calls)}
+            if self.dict_arguments:
+                message = {**message, "tool_calls": [_dict_arguments(c) for c in calls]}
+        return _plain(message)
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
@@ -138,7 +161,7 @@ def parse_tool_calls(text: str) -> ParsedToolCalls:
             {
                 "id": f"call_{uuid.uuid4().hex[:12]}",
                 "type": "function",
-                "function": {"name": name, "arguments": json.dumps(arguments)},
+                "function": {"name": name, "arguments": _json(arguments)},
             }
         )
     unclosed = text.count("<tool_call>") - len(_TOOL_CALL.findall(text))
@@ -146,6 +169,49 @@ def parse_tool_calls(text: str) -> ParsedToolCalls:
         errors.append("a <tool_call> block was not closed with </tool_call>")
     content = _TOOL_CALL.sub("", text).strip() if calls else text
     return ParsedToolCalls(content=content, tool_calls=calls, errors=errors)
+
+
+def tool_call_markup(content: str | None, tool_calls: Sequence[dict[str, Any]]) -> str:
+    """An assistant turn's content with its OpenAI `tool_calls` written as Hermes blocks.
+
+    The inverse of `parse_tool_calls` for text the policy wrote in the canonical form
+    (the calls after the text, one block each, JSON as `json.dumps` writes it): such text
+    renders back token for token. Content that already holds `<tool_call>` blocks (a
+    reinforge reply keeps its raw text) is returned as it is.
+    """
+    text = content or ""
+    if "<tool_call>" in text:
+        return text
+    blocks = [_hermes_block(call) for call in tool_calls]
+    return "\n".join([text, *blocks] if text else blocks)
+
+
+def _hermes_block(call: dict[str, Any]) -> str:
+    function = call.get("function") or {}
+    arguments = function.get("arguments") or "{}"
+    if not isinstance(arguments, str):  # some clients send the object itself
+        arguments = _json(arguments)
+    name = _json(function.get("name", ""))
+    return f'<tool_call>\n{{"name": {name}, "arguments": {arguments}}}\n</tool_call>'
+
+
+def _dict_arguments(call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function") or {}
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str):
+        return call
+    try:
+        parsed = json.loads(arguments) if arguments.strip() else {}
+    except ValueError as error:
+        raise TemplateError(f"tool call arguments are not valid JSON: {error}") from error
+    if not isinstance(parsed, dict):
+        raise TemplateError("tool call arguments must be a JSON object")
+    return {**call, "function": {**function, "arguments": parsed}}
+
+
+def _json(value: Any) -> str:
+    """JSON as Hugging Face's `tojson` writes it, the form templates teach models."""
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _plain(message: Message) -> Message:

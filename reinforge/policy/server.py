@@ -3,7 +3,7 @@
 Extensions to OpenAI's schema (ignored by clients that do not know them):
 - response `prompt_token_ids` and `policy_version`; each choice's `token_ids`,
   `policy_versions` (one per token) and `raw_text` (the completion as sampled, tool-call
-  markup included, final EOS excluded);
+  markup included, final EOS excluded). A stream carries them in each choice's last chunk;
 - request `prompt_token_ids`: the exact tokens of the conversation so far, through the
   last assistant turn's sampled tokens. The server appends the template's tokens for the
   messages after the last assistant message, so earlier turns are never re-rendered.
@@ -12,21 +12,25 @@ Extensions to OpenAI's schema (ignored by clients that do not know them):
   weights as a safetensors file, with `server.weights_token` as its bearer token; they
   apply between two decode steps and requests in flight continue under them.
 
-Bad requests get OpenAI's error JSON with a 4xx status; never a traceback.
+Bad requests get OpenAI's error JSON with a 4xx status naming the field at fault; never a
+traceback. docs/server.md describes the API.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from safetensors import SafetensorError
 from safetensors.torch import load_file
@@ -35,9 +39,12 @@ from reinforge.policy.chat import ChatFormat, TemplateError, parse_tool_calls
 from reinforge.policy.config import ServerConfig, Temperature, TopP
 from reinforge.policy.engine import Completion, Engine
 from reinforge.policy.sampling import SamplingParams
+from reinforge.types import Message
 
 log = logging.getLogger(__name__)
 _Json = dict[str, Any]  # a JSON object, as the OpenAI schema shapes it
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+"""Message roles the server renders; `developer` (OpenAI's newer name) renders as system."""
 
 
 class APIError(Exception):
@@ -46,6 +53,10 @@ class APIError(Exception):
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def _bad_request(message: str, param: str | None) -> APIError:
+    return APIError(400, message, param, "invalid_request")
 
 
 class _Sampling(BaseModel):
@@ -63,6 +74,7 @@ class _Sampling(BaseModel):
     n: int = Field(1, ge=1, le=64)
     seed: int | None = None
     stream: bool = False
+    stream_options: dict[str, Any] | None = None
     prompt_token_ids: list[int] | None = None
 
     @field_validator("stop")
@@ -74,12 +86,16 @@ class _Sampling(BaseModel):
             raise ValueError("stop takes at most 4 non-empty strings")
         return value
 
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
 
 class ChatRequest(_Sampling):
     messages: list[dict[str, Any]] = Field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=0)
+    top_logprobs: int | None = Field(None, ge=0)
 
 
 class WeightsUpdate(BaseModel):
@@ -97,7 +113,7 @@ class WeightsUpdate(BaseModel):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int] = ""
-    logprobs: int | None = Field(None, ge=0, le=0)
+    logprobs: int | None = Field(None, ge=0)
 
 
 def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
@@ -123,19 +139,25 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         }
         return {"object": "list", "data": [card]}
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: ChatRequest) -> _Json:
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(request: ChatRequest) -> _Json | StreamingResponse:
         service.check(request)
         prompt_ids = service.chat_prompt(request)
-        completions = await service.generate(request, prompt_ids)
+        params = service.sampling(request, prompt_ids)
+        if request.stream:
+            return service.stream("chat.completion.chunk", request, prompt_ids, params)
+        completions = await service.generate(prompt_ids, params)
         choices = [service.chat_choice(i, c, request) for i, c in enumerate(completions)]
         return service.response("chat.completion", prompt_ids, completions, choices)
 
-    @app.post("/v1/completions")
-    async def complete(request: CompletionRequest) -> _Json:
+    @app.post("/v1/completions", response_model=None)
+    async def complete(request: CompletionRequest) -> _Json | StreamingResponse:
         service.check(request)
         prompt_ids = service.completion_prompt(request)
-        completions = await service.generate(request, prompt_ids)
+        params = service.sampling(request, prompt_ids)
+        if request.stream:
+            return service.stream("text_completion", request, prompt_ids, params)
+        completions = await service.generate(prompt_ids, params)
         choices = [service.text_choice(i, c, request) for i, c in enumerate(completions)]
         return service.response("text_completion", prompt_ids, completions, choices)
 
@@ -146,6 +168,14 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         return {"policy_version": version}
 
     return app
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """A stretch of a completion's text and the sampled tokens (by index) that wrote it."""
+
+    text: str
+    tokens: list[int]
 
 
 class _Service:
@@ -179,7 +209,7 @@ class _Service:
         except (KeyError, ValueError) as error:
             raise APIError(400, f"weights do not fit the model: {error}", "path") from error
 
-    def check(self, request: _Sampling) -> None:
+    def check(self, request: ChatRequest | CompletionRequest) -> None:
         name = self.engine.name
         if request.model != name:
             raise APIError(
@@ -188,19 +218,28 @@ class _Service:
                 "model",
                 "model_not_found",
             )
-        if request.stream:
-            raise APIError(400, "stream=true is not supported", "stream", "invalid_request")
+        # The engine returns the log-prob of the sampled token only, not its distribution.
+        alternatives, param = (
+            (request.top_logprobs, "top_logprobs")
+            if isinstance(request, ChatRequest)
+            else (request.logprobs, "logprobs")
+        )
+        if alternatives:
+            raise _bad_request(
+                f"{param}={alternatives} is not supported: this server returns the log-prob "
+                f"of each sampled token only, without alternatives; send {param}=0 or leave "
+                "it out",
+                param,
+            )
 
     def chat_prompt(self, request: ChatRequest) -> list[int]:
-        messages, previous = request.messages, request.prompt_token_ids
+        messages, previous = _chat_messages(request.messages), request.prompt_token_ids
+        tools = _checked_tools(request.tools)
         if previous is None and not messages:
-            raise APIError(400, "messages must not be empty", "messages", "invalid_request")
-        for index, message in enumerate(messages):
-            if not isinstance(message.get("role"), str):
-                raise APIError(400, f"messages[{index}] has no role", "messages", "invalid_request")
+            raise _bad_request("messages must not be empty", "messages")
         try:
             if previous is None:
-                return self.chat_format.prompt_ids(messages, request.tools)
+                return self.chat_format.prompt_ids(messages, tools)
             last = max(
                 (i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None
             )
@@ -209,7 +248,7 @@ class _Service:
             ended_with_eos = bool(previous) and previous[-1] in self.engine.eos_ids
             return self.chat_format.continuation_ids(previous, messages[last + 1 :], ended_with_eos)
         except TemplateError as error:
-            raise APIError(400, str(error), "messages", "invalid_request") from error
+            raise _bad_request(str(error), "messages") from error
 
     def completion_prompt(self, request: CompletionRequest) -> list[int]:
         if request.prompt_token_ids is not None:
@@ -218,15 +257,14 @@ class _Service:
             return request.prompt
         return self.tokenizer.encode(request.prompt, add_special_tokens=False)
 
-    async def generate(self, request: _Sampling, prompt_ids: list[int]) -> list[Completion]:
+    def sampling(self, request: _Sampling, prompt_ids: list[int]) -> list[SamplingParams]:
+        """One setting per choice, checked against the prompt before anything is sampled
+        (so that a stream never starts for a request that cannot be served)."""
         if not prompt_ids:
-            raise APIError(400, "the prompt is empty", "prompt", "invalid_request")
+            raise _bad_request("the prompt is empty", "prompt")
         if any(not 0 <= t < len(self.tokenizer) for t in prompt_ids):
-            raise APIError(
-                400,
-                "prompt_token_ids holds ids outside the vocabulary",
-                "prompt_token_ids",
-                "invalid_request",
+            raise _bad_request(
+                "prompt_token_ids holds ids outside the vocabulary", "prompt_token_ids"
             )
         room = self.engine.max_context - len(prompt_ids)
         max_tokens = request.max_completion_tokens or request.max_tokens
@@ -238,7 +276,7 @@ class _Service:
                 "messages",
                 "context_length_exceeded",
             )
-        params = [
+        return [
             SamplingParams(
                 max_tokens=max_tokens or min(self.config.max_tokens, room),
                 temperature=_given(request.temperature, self.config.sampling.temperature),
@@ -248,7 +286,156 @@ class _Service:
             )
             for i in range(request.n)
         ]
+
+    async def generate(
+        self, prompt_ids: list[int], params: list[SamplingParams]
+    ) -> list[Completion]:
         return await asyncio.gather(*(self.engine.generate(prompt_ids, p) for p in params))
+
+    async def _as_finished(
+        self, prompt_ids: list[int], params: list[SamplingParams]
+    ) -> AsyncIterator[tuple[int, Completion]]:
+        """(choice index, completion) as each finishes, so a short choice streams before a
+        long one is done."""
+        tasks = [asyncio.ensure_future(self.engine.generate(prompt_ids, p)) for p in params]
+        pending = set(tasks)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in sorted(done, key=tasks.index):
+                    yield tasks.index(task), task.result()
+        finally:  # the client went away, or a choice failed
+            for task in pending:
+                task.cancel()
+
+    def stream(
+        self,
+        kind: Literal["chat.completion.chunk", "text_completion"],
+        request: ChatRequest | CompletionRequest,
+        prompt_ids: list[int],
+        params: list[SamplingParams],
+    ) -> StreamingResponse:
+        """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`.
+
+        The engine hands over a completion only when it has finished (it has no
+        per-token callback), so each choice streams, in chunks of about one token, once it
+        is done; choices stream in the order they finish. A stream therefore saves a client
+        no waiting, only its own code path. A choice's last chunk carries its
+        `finish_reason` and the token-id extensions. A client that goes away stops the
+        stream, not the sampling already under way.
+        """
+        prefix = "chatcmpl" if kind == "chat.completion.chunk" else "cmpl"
+        envelope = {
+            "id": f"{prefix}-{uuid.uuid4().hex}",
+            "object": kind,
+            "created": int(time.time()),
+            "model": self.engine.name,
+        }
+
+        async def events() -> AsyncIterator[str]:
+            generated = 0
+            try:
+                async for index, completion in self._as_finished(prompt_ids, params):
+                    generated += len(completion.token_ids)
+                    for choice in self._choice_chunks(index, completion, request):
+                        yield _sse(self._chunk(envelope, choice, prompt_ids, request))
+            except Exception as error:  # headers are sent: the error travels as an event
+                log.exception("stream failed")
+                yield _sse(_error_body(500, f"internal error: {type(error).__name__}: {error}"))
+                return
+            if request.include_usage:
+                usage = _usage(len(prompt_ids), generated)
+                yield _sse({**envelope, "choices": [], "usage": usage})
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    def _chunk(
+        self,
+        envelope: _Json,
+        choice: _Json,
+        prompt_ids: list[int],
+        request: ChatRequest | CompletionRequest,
+    ) -> _Json:
+        chunk = {**envelope, "choices": [choice]}
+        if request.include_usage:
+            chunk["usage"] = None
+        if choice["finish_reason"] is not None:
+            chunk.update(prompt_token_ids=prompt_ids, policy_version=self.engine.version)
+        return chunk
+
+    def _choice_chunks(
+        self, index: int, completion: Completion, request: ChatRequest | CompletionRequest
+    ) -> Iterator[_Json]:
+        if isinstance(request, ChatRequest):
+            return self._chat_chunks(index, completion, request)
+        return self._text_chunks(index, completion, request)
+
+    def _chat_chunks(
+        self, index: int, completion: Completion, request: ChatRequest
+    ) -> Iterator[_Json]:
+        """The choice as deltas. Parsed tool calls come whole in one delta (with the
+        choice's log-probs): they are known only once the text is complete."""
+        choice = self.chat_choice(index, completion, request)
+        message = choice["message"]
+        entries = self._token_logprobs(completion) if request.logprobs else []
+        yield _delta(index, {"role": "assistant", "content": ""})
+        if "tool_calls" in message:
+            delta: _Json = {"content": message["content"]} if message["content"] else {}
+            calls = [{"index": k, **call} for k, call in enumerate(message["tool_calls"])]
+            yield _delta(index, {**delta, "tool_calls": calls}, entries, request.logprobs)
+        else:
+            for piece in self._pieces(completion, message["content"]):
+                if piece.text or request.logprobs:
+                    listed = [entries[t] for t in piece.tokens] if entries else []
+                    yield _delta(index, {"content": piece.text}, listed, request.logprobs)
+        extensions = {k: v for k, v in choice.items() if k not in ("message", "logprobs")}
+        yield {**_delta(index, {}), **extensions}
+
+    def _text_chunks(
+        self, index: int, completion: Completion, request: CompletionRequest
+    ) -> Iterator[_Json]:
+        choice = self.text_choice(index, completion, request)
+        logprobs = choice["logprobs"]
+        for piece in self._pieces(completion, choice["text"]):
+            if not (piece.text or logprobs):
+                continue
+            part = None
+            if logprobs is not None:
+                part = {
+                    key: [logprobs[key][t] for t in piece.tokens]
+                    for key in ("tokens", "token_logprobs")
+                } | {"top_logprobs": None, "text_offset": None}
+            yield {"index": index, "text": piece.text, "logprobs": part, "finish_reason": None}
+        yield {**choice, "text": "", "logprobs": None}
+
+    def _pieces(self, completion: Completion, text: str) -> list[_Piece]:
+        """`text` cut where the sampled tokens end, so that the pieces join to exactly the
+        text the non-streamed response holds (EOS left out, cut at a stop string). A token
+        that adds no text (the bytes of a character still to come, EOS) joins the next
+        piece, or a last piece of no text, so every token's log-prob has a chunk.
+
+        Tokens are decoded in a window that starts one decoded step back, as vLLM does:
+        a tokenizer may write a token differently at the start of a sequence (a dropped
+        leading space), and decoding from the start each time would cost O(n^2)."""
+        pieces: list[_Piece] = []
+        pending: list[int] = []
+        emitted = context = read = 0  # ids[context:read] were decoded: context for the next
+        ids = completion.token_ids
+        for k in range(len(ids)):
+            pending.append(k)
+            before = self.tokenizer.decode(ids[context:read])
+            after = self.tokenizer.decode(ids[context : k + 1])
+            if after.endswith("\ufffd") or len(after) <= len(before):
+                continue
+            context, read = read, k + 1
+            reach = min(emitted + len(after) - len(before), len(text))
+            if reach > emitted:
+                pieces.append(_Piece(text[emitted:reach], pending))
+                pending, emitted = [], reach
+        if emitted < len(text) or pending:
+            pieces.append(_Piece(text[emitted:], pending))
+        return pieces
 
     def _text(self, completion: Completion) -> str:
         ids = completion.token_ids
@@ -322,14 +509,96 @@ class _Service:
             "created": int(time.time()),
             "model": self.engine.name,
             "choices": choices,
-            "usage": {
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": generated,
-                "total_tokens": len(prompt_ids) + generated,
-            },
+            "usage": _usage(len(prompt_ids), generated),
             "prompt_token_ids": prompt_ids,
             "policy_version": self.engine.version,
         }
+
+
+def _chat_messages(raw: list[dict[str, Any]]) -> list[Message]:
+    """The messages as the chat template takes them: a known role and text content.
+
+    What the template cannot render is refused here with the field named, not left to
+    fail inside the template as "chat template failed".
+    """
+    return [_chat_message(f"messages[{i}]", message) for i, message in enumerate(raw)]
+
+
+def _chat_message(where: str, message: dict[str, Any]) -> Message:
+    role = message.get("role")
+    if role not in _ROLES:
+        known = ", ".join(repr(r) for r in _ROLES)
+        got = "none" if role is None else repr(role)
+        raise _bad_request(f"{where}.role must be one of {known}; got {got}", f"{where}.role")
+    # OpenAI lets an assistant message leave out its content (beside tool_calls).
+    content = _text_content(message.get("content"), f"{where}.content", role == "assistant")
+    given = {key: value for key, value in message.items() if value is not None}  # null: absent
+    normal = {**given, "role": "system" if role == "developer" else role, "content": content}
+    if role == "assistant" and message.get("tool_calls") is not None:
+        _check_tool_calls(message["tool_calls"], f"{where}.tool_calls")
+    return normal
+
+
+def _text_content(content: Any, where: str, optional: bool) -> str | None:
+    """String content as it is; OpenAI's list of parts as its text parts joined with a
+    newline (as vLLM joins them). Other parts (images, audio) have no tokens here."""
+    if isinstance(content, str) or (content is None and optional):
+        return content
+    if not isinstance(content, list):
+        raise _bad_request(f"{where} must be a string or a list of text parts", where)
+    texts: list[str] = []
+    for index, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            raise _bad_request(
+                f"{where}[{index}].type is {kind!r}: only text content parts "
+                '({"type": "text", "text": ...}) are supported',
+                f"{where}[{index}].type",
+            )
+        if not isinstance(part.get("text"), str):
+            raise _bad_request(f"{where}[{index}].text must be a string", f"{where}[{index}].text")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _check_tool_calls(calls: Any, where: str) -> None:
+    if not isinstance(calls, list):
+        raise _bad_request(f"{where} must be a list of tool calls", where)
+    for index, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        field = f"{where}[{index}].function"
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise _bad_request(f"{field} must be an object with a string name", field)
+        if not isinstance(function.get("arguments", ""), str | dict):
+            raise _bad_request(f"{field}.arguments must be a JSON string", f"{field}.arguments")
+
+
+def _checked_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Tools in OpenAI's schema; one without a named function would reach the prompt as a
+    schema the policy cannot call."""
+    for index, tool in enumerate(tools or []):
+        where = f"tools[{index}]"
+        if tool.get("type", "function") != "function":
+            raise _bad_request(f"{where}.type must be 'function'", f"{where}.type")
+        function = tool.get("function")
+        if not isinstance(function, dict) or not function.get("name"):
+            raise _bad_request(
+                f'{where}.function must be an object with a name: {{"type": "function", '
+                '"function": {"name": ..., "parameters": {...}}}',
+                f"{where}.function",
+            )
+    return tools
+
+
+def _delta(
+    index: int, delta: _Json, entries: list[_Json] | None = None, logprobs: bool = False
+) -> _Json:
+    return {
+        "index": index,
+        "delta": delta,
+        "logprobs": {"content": entries or []} if logprobs else None,
+        "finish_reason": None,
+    }
 
 
 def _extensions(completion: Completion, text: str) -> _Json:
@@ -338,6 +607,18 @@ def _extensions(completion: Completion, text: str) -> _Json:
         "policy_versions": completion.policy_versions,
         "raw_text": text,
     }
+
+
+def _usage(prompt_tokens: int, generated: int) -> _Json:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": generated,
+        "total_tokens": prompt_tokens + generated,
+    }
+
+
+def _sse(data: _Json) -> str:
+    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
 def _given(value: float | None, default: float) -> float:
@@ -350,11 +631,24 @@ async def _api_error(_: Request, error: APIError) -> JSONResponse:
 
 async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
     first = error.errors()[0]
-    param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-    if param is None:  # the body itself: not JSON, or not an object
+    loc = tuple(first.get("loc", ()))[1:]
+    if first.get("type") == "json_invalid":  # loc holds the character offset, not a field
+        reason = (first.get("ctx") or {}).get("error", "decode error")
+        at = f" at character {loc[0]}" if loc else ""
+        return _error(400, f"request body is not valid JSON: {reason}{at}", None, "invalid_request")
+    param = _param(loc)
+    if param is None:  # the body itself is not an object
         message = "the request body must be a JSON object (Content-Type: application/json)"
         return _error(400, message, None, "invalid_request")
     return _error(400, f"{param}: {first.get('msg')}", param, "invalid_request")
+
+
+def _param(loc: tuple[Any, ...]) -> str | None:
+    """A field's path as OpenAI writes it: `messages[0].content`."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
+    return path or None
 
 
 async def _internal(_: Request, error: Exception) -> JSONResponse:
@@ -362,10 +656,15 @@ async def _internal(_: Request, error: Exception) -> JSONResponse:
     return _error(500, f"internal error: {type(error).__name__}: {error}", None, None)
 
 
-def _error(status: int, message: str, param: str | None, code: str | None) -> JSONResponse:
+def _error_body(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> _Json:
     kind = "invalid_request_error" if status < 500 else "server_error"
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return JSONResponse(status_code=status, content=body)
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _error(status: int, message: str, param: str | None, code: str | None) -> JSONResponse:
+    return JSONResponse(status_code=status, content=_error_body(status, message, param, code))
 
 
 def serve(engine: Engine, config: ServerConfig) -> None:
