@@ -111,3 +111,29 @@ async def test_episode_token_budget_truncates(client):
     (trajectory,) = group.trajectories
     assert trajectory.status == Status.TRUNCATED
     assert sum(trajectory.loss_mask) == 10  # 6 + the 4 left in the budget
+
+
+async def test_a_failed_start_is_stopped_and_a_hanging_grader_is_an_error(client):
+    class Leaky(Environment):
+        stopped: list[str] = []
+
+        async def start(self, episode: Episode) -> None:
+            episode.resources["held"] = episode.task.id
+            if episode.task.id == "t0":
+                raise RuntimeError("start failed after acquiring")
+
+        async def stop(self, episode: Episode) -> None:
+            self.stopped.append(episode.resources.pop("held"))
+
+    async def hangs(episode: Episode) -> float:
+        if episode.task.id == "t1":
+            await asyncio.sleep(30)
+        return 1.0
+
+    env = Leaky(Harness(max_tokens_per_turn=2), Rubric(Reward(hangs)))
+    groups = await generate_groups(env, tasks(3), client, RolloutConfig(timeout_s=2.0), 1, None)
+    assert sorted(env.stopped) == ["t0", "t1", "t2"]  # released, the failed start too
+    statuses = {g.task.id: g.trajectories[0] for g in groups}
+    assert statuses["t0"].status == Status.ERROR and "start failed" in statuses["t0"].error
+    assert statuses["t1"].status == Status.ERROR and "grading exceeded" in statuses["t1"].error
+    assert statuses["t2"].reward == 1.0

@@ -54,5 +54,11 @@ async def test_non_numbers_and_wrong_group_lengths_are_errors():
 
     (result,) = await Rubric(Reward(says_yes)).score([episode("x")])
     assert isinstance(result, GraderError)
+
+    def overflows(ep: Episode) -> float:
+        return float("inf")
+
+    (result,) = await Rubric(Reward(overflows)).score([episode("x")])
+    assert isinstance(result, GraderError) and "not a finite number" in str(result)
     results = await Rubric(GroupReward(too_few)).score([episode("a"), episode("b")])
     assert all(isinstance(r, GraderError) for r in results)

@@ -51,6 +51,13 @@ async def test_errors_are_results_for_the_model():
     raised = await Tool(shout).call({"text": ""})
     assert raised.error and raised.content == "Error: ValueError: nothing to shout"
 
+    def letters(word: str) -> set[str]:
+        """The set of a word's letters: not a JSON value."""
+        return set(word)
+
+    not_a_value = await Tool(letters).call({"word": "aab"})
+    assert not_a_value.error and "letters returned no JSON value" in not_a_value.content
+
 
 async def test_an_episode_parameter_is_injected_and_hidden_from_the_model():
     from reinforge.envs import Episode

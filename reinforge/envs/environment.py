@@ -91,7 +91,8 @@ class Environment:
 
     async def stop(self, episode: Episode) -> None:
         """Collect what the graders need into `episode.state`, then release the resources.
-        Runs however the episode ended: finished, failed or cancelled at its timeout."""
+        Runs however the episode ended: finished, failed or cancelled at its timeout, and
+        after a `start` that raised, so it releases only what `start` acquired."""
 
     async def aclose(self) -> None:
         """Release what the environment holds across episodes (a sandbox pool)."""
@@ -106,8 +107,8 @@ class Environment:
         `new_episode`) keeps the conversation so far even if the rollout raises or is
         cancelled at its time limit."""
         episode = episode or self.new_episode(task)
-        await self.start(episode)
         try:
+            await self.start(episode)
             await self._play(client, episode)
         finally:
             await self.stop(episode)

@@ -8,6 +8,7 @@ may be async. A function that raises makes its episodes errors, never a silent 0
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -119,6 +120,6 @@ async def _number_list(term: GroupReward, episodes: list[Episode]) -> list[float
 def _as_float(key: str, value: object) -> float:
     if isinstance(value, bool) or isinstance(value, int | float):
         number = float(value)
-        if number == number:  # NaN would poison every mean downstream
+        if math.isfinite(number):  # NaN or inf would poison every mean downstream
             return number
-    raise GraderError(f"reward {key!r} returned {value!r}, not a number")
+    raise GraderError(f"reward {key!r} returned {value!r}, not a finite number")

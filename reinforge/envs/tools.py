@@ -74,7 +74,12 @@ class Tool:
                 result = await result
         except Exception as error:
             return ToolResult(f"Error: {type(error).__name__}: {error}", error=True)
-        return ToolResult(result if isinstance(result, str) else json.dumps(result))
+        if isinstance(result, str):
+            return ToolResult(result)
+        try:
+            return ToolResult(json.dumps(result))
+        except (TypeError, ValueError) as error:  # the model sees it, as with any tool bug
+            return ToolResult(f"Error: {self.name} returned no JSON value: {error}", error=True)
 
 
 def tool(function: Callable[..., Any] | Callable[..., Awaitable[Any]]) -> Tool:

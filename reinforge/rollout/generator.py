@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from reinforge.envs.environment import Environment, jsonable
 from reinforge.envs.episode import Episode
-from reinforge.envs.rubric import GraderError
+from reinforge.envs.rubric import GraderError, Scores
 from reinforge.errors import describe
 from reinforge.policy.client import EpisodeClient, PolicyClient
 from reinforge.rollout.config import RolloutConfig
@@ -73,7 +73,7 @@ async def generate_group(
             for index in range(rollouts_per_task)
         )
     )
-    return await _score(env, task, done)
+    return await _score(env, task, done, config.timeout_s)
 
 
 async def _rollout(
@@ -130,11 +130,17 @@ def _record(
         trajectory.turns = len(client.turns)
 
 
-async def _score(env: Environment, task: Task, done: list[_Done]) -> Group:
-    """Score the rollouts that finished; a grader failure marks them errors, never 0."""
+async def _score(env: Environment, task: Task, done: list[_Done], timeout_s: float) -> Group:
+    """Score the rollouts that finished; a grader failure marks them errors, never 0. The
+    rubric gets the rollouts' time limit too: a hanging grader must not hold the run."""
     scorable = [d for d in done if d.episode is not None]
     started = time.perf_counter()
-    results = await env.rubric.score([d.episode for d in scorable if d.episode is not None])
+    episodes = [d.episode for d in scorable if d.episode is not None]
+    results: list[Scores | GraderError]
+    try:
+        results = await asyncio.wait_for(env.rubric.score(episodes), timeout=timeout_s)
+    except TimeoutError:
+        results = [GraderError(f"grading exceeded {timeout_s} s")] * len(scorable)
     elapsed = time.perf_counter() - started
     for item, result in zip(scorable, results, strict=True):
         trajectory = item.trajectory
