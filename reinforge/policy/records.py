@@ -14,7 +14,6 @@ so that it comes out as the record a reinforge episode of the same conversation 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -113,7 +112,6 @@ def render_messages(
     Raises TemplateError when a rendered prefix does not begin the next one.
     """
     tokenizer = chat.tokenizer
-    messages = [_with_tool_markup(m) for m in messages] if not chat.native_tools else messages
     suffix = tokenizer.encode(chat.assistant_suffix, add_special_tokens=False)  # e.g. [eot, \n]
     turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
     if not turns:
@@ -149,19 +147,3 @@ def _extend(ids: list[int], mask: list[int], rendered: list[int], trained: bool)
     added = rendered[len(ids) :]
     ids.extend(added)
     mask.extend([int(trained)] * len(added))
-
-
-def _with_tool_markup(message: Message) -> Message:
-    """A server that parses tool calls returns them beside the text, not in it. Templates
-    without native tools would drop them, so they are written back as the `<tool_call>`
-    blocks of the tool system prompt, which is what a reinforge-produced message holds."""
-    calls = message.get("tool_calls")
-    content = message.get("content") or ""
-    if not calls or "<tool_call>" in content:
-        return message
-    blocks = [
-        f'<tool_call>\n{{"name": {json.dumps(c["function"]["name"])}, '
-        f'"arguments": {c["function"].get("arguments") or "{}"}}}\n</tool_call>'
-        for c in calls
-    ]
-    return {**message, "content": "\n".join([content, *blocks] if content else blocks)}
