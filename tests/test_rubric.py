@@ -1,3 +1,5 @@
+import asyncio
+
 from reinforge.envs import Episode, GroupReward, Reward, Rubric
 from reinforge.envs.rubric import GraderError, Scores
 from reinforge.types import Task
@@ -62,3 +64,21 @@ async def test_non_numbers_and_wrong_group_lengths_are_errors():
     assert isinstance(result, GraderError) and "not a finite number" in str(result)
     results = await Rubric(GroupReward(too_few)).score([episode("a"), episode("b")])
     assert all(isinstance(r, GraderError) for r in results)
+
+
+async def test_a_term_grades_the_group_concurrently():
+    # Each grader waits until all three have started: run one after another, the first
+    # gives up after 30 s and is a grader error; run together, all three finish.
+    started = asyncio.Event()
+    running = 0
+
+    async def waits_for_the_others(ep: Episode) -> float:
+        nonlocal running
+        running += 1
+        if running == 3:
+            started.set()
+        await asyncio.wait_for(started.wait(), timeout=30)
+        return 1.0
+
+    results = await Rubric(Reward(waits_for_the_others)).score([episode(x) for x in "abc"])
+    assert [r.total for r in results] == [1.0, 1.0, 1.0]

@@ -7,6 +7,7 @@ may be async. A function that raises makes its episodes errors, never a silent 0
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import math
 from collections.abc import Awaitable, Callable, Sequence
@@ -65,7 +66,9 @@ class Rubric:
         self.pass_threshold = pass_threshold
 
     async def score(self, episodes: list[Episode]) -> list[Scores | GraderError]:
-        """One result per episode, in order."""
+        """One result per episode, in order. A term grades the group's episodes
+        concurrently: an async grader (a test suite in a sandbox) costs the group its
+        slowest run, not the sum of them."""
         values: list[dict[str, float]] = [{} for _ in episodes]
         errors: list[GraderError | None] = [None] * len(episodes)
         for term in self.terms:
@@ -77,12 +80,17 @@ class Rubric:
                 for value, row in zip(group, values, strict=True):
                     row[term.key] = value
                 continue
-            for index, episode in enumerate(episodes):
-                if errors[index] is None:
-                    try:
-                        values[index][term.key] = await _number(term, episode)
-                    except GraderError as error:
-                        errors[index] = error
+            pending = [i for i, error in enumerate(errors) if error is None]
+            results = await asyncio.gather(
+                *(_number(term, episodes[i]) for i in pending), return_exceptions=True
+            )
+            for index, result in zip(pending, results, strict=True):
+                if isinstance(result, GraderError):
+                    errors[index] = result
+                elif isinstance(result, BaseException):
+                    raise result
+                else:
+                    values[index][term.key] = result
         weights = {term.key: term.weight for term in self.terms}
         return [
             error or Scores(row, sum(weights[k] * v for k, v in row.items()))
