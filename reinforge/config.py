@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import Field, ValidationError
 
@@ -55,6 +55,10 @@ class EvalSection(Section):
     max_error_rate: float = Field(0.1, ge=0.0, le=1.0)
     """Fraction of rollouts that may error or time out; past it eval exits with code 3
     (after writing everything), so a broken environment cannot pass for a weak model."""
+    agent: Literal["model", "oracle", "nop"] = "model"
+    """Who acts: the model, or (Harbor tasks only, no model loaded) `oracle`, which runs
+    each task's solution/solve.sh, or `nop`, which does nothing. All are graded alike, so
+    a task author sees oracle score 1 and nop 0."""
 
 
 class EvalConfig(Section):

@@ -33,12 +33,15 @@ FLAGS = (
     Flag("--out", "eval.out", "DIR"),
     Flag("--seed", "eval.seed", "S"),
     Flag("--dtype", "engine.dtype", "{float32,bfloat16}"),
+    Flag("--agent", "eval.agent", "{model,oracle,nop}"),
 )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "env", nargs="?", help="built-in or installed name, path/to/env.py, or module:fn"
+        "env",
+        nargs="?",
+        help="built-in or installed name, path/to/env.py, module:fn, or a Harbor task dir",
     )
     add_flag_arguments(parser, EvalConfig, FLAGS, "rollout.concurrency=8 env.args.difficulty=2")
     parser.add_argument(
@@ -63,9 +66,11 @@ def load(args: argparse.Namespace) -> EvalConfig:
 
 def run(args: argparse.Namespace) -> int:
     config = load(args)
+    from reinforge.envs.harbor import use_agent
     from reinforge.envs.registry import load_configured
 
     env = load_configured(config.env)
+    use_agent(env, config.eval.agent)
     out = config.eval.out or Path("runs") / f"eval-{env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     return asyncio.run(_run(config, env, out))
 
@@ -79,7 +84,9 @@ async def _run(config: EvalConfig, env: Any, out: Path) -> int:
     console = Console(stderr=True)
     sampling = config.rollout.sampling
     engine = None
-    if config.model.name.startswith(("http://", "https://")):
+    if config.eval.agent != "model":  # a scripted agent: no model to load or to call
+        client = _no_model_client(config.eval.agent, sampling)
+    elif config.model.name.startswith(("http://", "https://")):
         client = await PolicyClient.for_url(
             config.model.name, sampling, model=config.model.served_name
         )
@@ -118,6 +125,17 @@ async def _run(config: EvalConfig, env: Any, out: Path) -> int:
         )
         return ERRORS_EXIT
     return 0
+
+
+def _no_model_client(agent: str, sampling: Any) -> Any:
+    """A client that is never called: scripted agents act without a model, and the run's
+    summary names the agent where it names a model."""
+    import openai
+
+    from reinforge.policy.client import PolicyClient
+
+    unused = openai.AsyncOpenAI(base_url="http://no-model.invalid/v1", api_key="-", max_retries=0)
+    return PolicyClient(unused, f"agent:{agent}", sampling)
 
 
 class _progress:

@@ -1,4 +1,5 @@
-"""Finding environments: by file path, by `module:function`, or by installed name.
+"""Finding environments: by file path, by `module:function`, by installed name, or a
+directory of Harbor tasks (one holding task.toml, or a folder of such directories).
 
 Every route ends at a function returning an `Environment`. Installed packages register
 theirs under the entry-point group `reinforge.environments`, the built-ins included, so
@@ -12,6 +13,7 @@ import importlib.util
 import sys
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,10 @@ def load_configured(config: EnvConfig) -> Environment:
 
 
 def _factory(spec: str) -> Callable[..., Any]:
+    if Path(spec).is_dir():
+        from reinforge.envs.harbor import load_environment as load_harbor
+
+        return partial(load_harbor, spec)
     if spec.endswith(".py") or Path(spec).is_file():
         return _from_file(Path(spec))
     if ":" in spec:
@@ -68,7 +74,7 @@ def _factory(spec: str) -> Callable[..., Any]:
         known = ", ".join(sorted(installed)) or "none"
         raise UsageError(
             f"unknown environment {spec!r}; known: {known} "
-            "(or give a path to a .py file, or module:function)"
+            "(or give a path to a .py file, module:function, or a Harbor task directory)"
         )
     return installed[spec].load()
 

@@ -219,16 +219,18 @@ def build_host_view(cfg, root):
     os.mkdir(rw)
     mount("tmpfs", rw, "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['disk_bytes']},mode=755")
     writable = {"tmp": 0o1777, "root": 0o700, "var/tmp": 0o1777, "dev/shm": 0o1777}
-    top = cfg["workdir"].strip("/").split("/")[0]
-    if top not in ("tmp", "root", "var"):  # the manager rejected read-only places
-        writable[top] = 0o755
+    for path in (cfg["workdir"], *cfg.get("writable_dirs", ())):
+        top = path.strip("/").split("/")[0]
+        if top not in ("tmp", "root", "var"):  # the manager rejected read-only places
+            writable[top] = 0o755
     for name, mode in writable.items():
         os.makedirs(f"{rw}/{name}")
         os.chmod(f"{rw}/{name}", mode)
         if name != "dev/shm":  # bound by build_dev_and_proc
             os.makedirs(f"{root}/{name}")
             mount(f"{rw}/{name}", f"{root}/{name}", None, MS_BIND)
-    os.makedirs(f"{root}{cfg['workdir']}", exist_ok=True)
+    for path in (cfg["workdir"], *cfg.get("writable_dirs", ())):
+        os.makedirs(f"{root}{path}", exist_ok=True)
 
 
 def build_rootfs_view(cfg, root):
@@ -240,7 +242,8 @@ def build_rootfs_view(cfg, root):
     options = f"lowerdir={lower},upperdir={root}/upper,workdir={root}/work"
     mount("overlay", f"{root}/merged", "overlay", MS_NOSUID, options)
     os.close(cfg["rootfs_fd"])  # it reaches the host tree: no process may inherit it
-    os.makedirs(f"{root}/merged{cfg['workdir']}", exist_ok=True)
+    for path in (cfg["workdir"], *cfg.get("writable_dirs", ())):
+        os.makedirs(f"{root}/merged{path}", exist_ok=True)
     return f"{root}/merged", f"{root}/rw"
 
 

@@ -65,12 +65,12 @@ SECCOMP_DENY = (
 
 
 def _check_workdir(spec: SandboxSpec) -> None:
-    workdir = spec.workdir
-    top = workdir.strip("/").split("/")[0]
-    if not workdir.startswith("/") or ".." in workdir.split("/") or not top:
-        raise SandboxError(f"workdir must be an absolute path below /: {workdir!r}")
-    if isinstance(spec.base, HostView) and (top in spec.base.dirs or top in ("dev", "proc")):
-        raise SandboxError(f"workdir {workdir!r} is inside the read-only host view")
+    for workdir in (spec.workdir, *spec.writable_dirs):
+        top = workdir.strip("/").split("/")[0]
+        if not workdir.startswith("/") or ".." in workdir.split("/") or not top:
+            raise SandboxError(f"workdir must be an absolute path below /: {workdir!r}")
+        if isinstance(spec.base, HostView) and (top in spec.base.dirs or top in ("dev", "proc")):
+            raise SandboxError(f"workdir {workdir!r} is inside the read-only host view")
 
 
 class LocalProvider:
@@ -176,6 +176,7 @@ class LocalProvider:
             "rootfs": isinstance(spec.base, Rootfs),
             "disk_bytes": spec.disk_bytes,
             "workdir": spec.workdir,
+            "writable_dirs": list(spec.writable_dirs),
             "hostname": spec.hostname,
             "drop_caps": True,
             "seccomp": list(SECCOMP_DENY) if spec.seccomp else [],

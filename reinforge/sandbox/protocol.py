@@ -70,6 +70,9 @@ class SandboxSpec:
     network: NetworkMode = "off"
     lifetime_s: float | None = None  # closed automatically after this many seconds
     workdir: str = "/workspace"
+    writable_dirs: tuple[str, ...] = ()
+    """More writable directories besides the workdir, in the same `disk_bytes` budget: a
+    Harbor task's verifier needs `/tests` and `/logs` beside its workdir."""
     env: Mapping[str, str] = field(default_factory=dict)
     hostname: str = "sandbox"
     seccomp: bool = False  # deny-list of kernel-attack-surface syscalls (see docs)

@@ -1,0 +1,38 @@
+import subprocess
+import sys
+import unittest
+
+
+def evaluate(module, expression):
+    """The repr of `expression`, computed in a fresh process that imports the candidate
+    `module` from /app (after the standard library). The candidate's code never runs in
+    this process, so it cannot end it early or change how the results are judged."""
+    script = f'import sys\nsys.path.append("/app")\nimport {module}\nprint(repr({expression}))'
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=30, cwd="/tmp"
+    )
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise AssertionError(f"exit code {result.returncode}: {result.stderr[-500:]}")
+    return lines[-1]
+
+
+class Median(unittest.TestCase):
+    def check(self, expression, expected):
+        self.assertEqual(evaluate("stats", expression), expected)
+
+    def test_odd_unsorted(self):
+        self.check("stats.median([9, 1, 5])", "5")
+
+    def test_even(self):
+        self.check("stats.median([4, 1, 3, 2])", "2.5")
+
+    def test_single(self):
+        self.check("stats.median([7])", "7")
+
+    def test_input_untouched(self):
+        self.check("(lambda v: (stats.median(v), v)[1])([3, 1, 2])", "[3, 1, 2]")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,3 @@
+def slugify(text):
+    """The URL slug of a title."""
+    raise NotImplementedError

@@ -1,0 +1,282 @@
+"""Harbor task directories as an environment: one task dir, or a folder of them.
+
+Each episode gets a sandbox set up from the task's `environment/` (see `harbor_task`), the
+instruction as its prompt, and an agent: the model with the sandbox tools (`bash`,
+`read_file`, `write_file`, `edit`), or a scripted agent for task authors: `oracle` runs
+`solution/solve.sh`, `nop` does nothing. All three are graded the same way, by the task's
+`tests/test.sh` in a fresh sandbox after the agent phase (see `harbor_verify`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from reinforge.envs.environment import Environment, Harness
+from reinforge.envs.episode import Episode
+from reinforge.envs.harbor_task import HarborTask, find_tasks
+from reinforge.envs.harbor_verify import (
+    LOGS_DIR,
+    TESTS_DIR,
+    VerifierError,
+    filter_workspace,
+    quiesce_and_snapshot,
+    run_verifier,
+    tests_tar,
+    verifier_env,
+)
+from reinforge.envs.rubric import Reward, Rubric
+from reinforge.envs.sandbox import SANDBOX, SandboxTools
+from reinforge.errors import UsageError
+from reinforge.policy.client import ChatClient
+from reinforge.sandbox.local import LocalProvider
+from reinforge.sandbox.pool import PooledSandbox, SandboxPool
+from reinforge.sandbox.protocol import SandboxProvider, SandboxSpec
+from reinforge.types import Task
+
+AgentName = Literal["model", "oracle", "nop"]
+AGENTS: tuple[str, ...] = get_args(AgentName)
+SOLUTION_DIR = "/solution"
+WORKSPACE = "harbor_workspace"
+"""The key of the agent's workspace tar in `Episode.resources` (never serialised)."""
+
+SYSTEM_PROMPT = (
+    "You are an agent working in a Linux sandbox. Your working directory is {workdir}. "
+    "Use the tools to inspect and change files and to run commands. When the task is "
+    "done, answer with a short summary and no tool call."
+)
+
+
+class HarborEnvironment(Environment):
+    """Harbor tasks in local sandboxes, graded out of the agent's reach."""
+
+    def __init__(
+        self,
+        tasks: list[HarborTask],
+        name: str = "harbor",
+        agent: AgentName = "model",
+        max_turns: int = 20,
+        max_tokens_per_turn: int = 512,
+        provider: SandboxProvider | None = None,
+        max_sandboxes: int = 32,
+        allow_internet: bool = False,
+    ) -> None:
+        self.skipped = {t.name: t.plan.needs_docker for t in tasks if t.plan.needs_docker}
+        self.runnable = {t.name: t for t in tasks if not t.plan.needs_docker}
+        for task_name, reason in self.skipped.items():
+            print(f"skipped Harbor task {task_name}: {reason}", file=sys.stderr)
+        if not self.runnable:
+            raise UsageError(f"{name}: no task runs without Docker ({len(tasks)} skipped)")
+        harness = Harness(
+            tools=SandboxTools().tools(),
+            max_turns=max_turns,
+            max_tokens_per_turn=max_tokens_per_turn,
+        )
+        super().__init__(harness, Rubric(Reward(self.verifier_reward, name="reward")))
+        self.name = name
+        self.agent: AgentName = "model"
+        self.use_agent(agent)
+        self.allow_internet = allow_internet
+        self._provider = provider
+        self._owned: LocalProvider | None = None
+        self._max_sandboxes = max_sandboxes
+        self._pools: dict[str, SandboxPool] = {}
+        self._pools_lock = asyncio.Lock()
+
+    def use_agent(self, agent: str) -> None:
+        if agent not in AGENTS:
+            raise UsageError(f"unknown agent {agent!r}; one of {', '.join(AGENTS)}")
+        self.agent = agent  # type: ignore[assignment]
+
+    # ---------------------------------------------------------------- tasks
+
+    def tasks(self, n: int, seed: int = 0) -> list[Task]:
+        """Every runnable task when `n` covers them (cycling past that), else a seeded
+        sample of `n`."""
+        names = sorted(self.runnable)
+        chosen = (
+            random.Random(seed).sample(names, n)
+            if n < len(names)
+            else [names[i % len(names)] for i in range(n)]
+        )
+        return [self._task(name, i) for i, name in enumerate(chosen)]
+
+    def _task(self, name: str, index: int) -> Task:
+        task = self.runnable[name]
+        return Task(
+            id=name if index < len(self.runnable) else f"{name}#{index}",
+            prompt=[{"role": "user", "content": task.instruction}],
+            info={"harbor_task": name},
+        )
+
+    def harbor_task(self, task: Task) -> HarborTask:
+        return self.runnable[task.info["harbor_task"]]
+
+    def new_episode(self, task: Task) -> Episode:
+        episode = super().new_episode(task)
+        workdir = self.harbor_task(task).plan.workdir
+        if self.agent == "model":
+            system = {"role": "system", "content": SYSTEM_PROMPT.format(workdir=workdir)}
+            episode.messages.insert(0, system)
+        episode.state.update(harbor_task=task.info["harbor_task"], agent=self.agent)
+        return episode
+
+    def spec(self, task: HarborTask, *, verifier: bool = False) -> SandboxSpec:
+        """The sandbox the task asks for in task.toml and its Dockerfile."""
+        resources = task.config.environment
+        internet = self.allow_internet and resources.allow_internet and not verifier
+        writable: tuple[str, ...] = (TESTS_DIR, LOGS_DIR) if verifier else ()
+        if not verifier and self.agent == "oracle":
+            writable = (SOLUTION_DIR,)
+        return SandboxSpec(
+            disk_bytes=resources.storage_bytes(),
+            memory_bytes=resources.memory_bytes(),
+            cpus=resources.cpus,
+            network="on" if internet else "off",
+            workdir=task.plan.workdir,
+            env={} if verifier else dict(task.plan.env),
+            writable_dirs=writable,
+        )
+
+    # ---------------------------------------------------------------- episode
+
+    async def start(self, episode: Episode) -> None:
+        task = self.harbor_task(episode.task)
+        pool = await self._pool(self.spec(task))
+        sandbox = await pool.acquire()
+        episode.resources[SANDBOX] = sandbox
+        environment = task.environment_tar()
+        try:
+            if environment:
+                await sandbox.upload_tar(environment, "/")
+        except BaseException:  # `rollout` calls `stop` only once `start` has returned
+            episode.resources.pop(SANDBOX, None)
+            await asyncio.shield(sandbox.close())
+            raise
+
+    async def _play(self, client: ChatClient, episode: Episode) -> None:
+        """The agent phase, within `[agent] timeout_sec`; running out ends it (the episode
+        is truncated) and grading goes on."""
+        task = self.harbor_task(episode.task)
+        timeout = task.config.agent.timeout_sec
+        try:
+            async with asyncio.timeout(timeout):
+                if self.agent == "model":
+                    await super()._play(client, episode)
+                elif self.agent == "oracle":
+                    await self._oracle(task, episode)
+        except TimeoutError:
+            episode.truncated = True
+            episode.state["agent_timed_out"] = True
+        episode.state["agent_done"] = True
+
+    async def _oracle(self, task: HarborTask, episode: Episode) -> None:
+        sandbox: PooledSandbox = episode.resources[SANDBOX]
+        if not (task.solution_dir / "solve.sh").is_file():
+            raise UsageError(f"{task.path}: no solution/solve.sh for the oracle agent")
+        await sandbox.upload_tar(tests_tar(task.solution_dir), SOLUTION_DIR)
+        env = dict(task.plan.env) | task.config.solution.env
+        result = await sandbox.exec(["bash", f"{SOLUTION_DIR}/solve.sh"], env=env)
+        episode.state["oracle_exit_code"] = result.exit_code
+        episode.state["oracle_output"] = (result.stdout + result.stderr).decode(errors="replace")[
+            -2000:
+        ]
+
+    async def stop(self, episode: Episode) -> None:
+        """Kill the agent's processes, copy its workspace out, destroy its sandbox, then
+        grade the workspace in a fresh one (only when the agent phase completed)."""
+        sandbox: PooledSandbox | None = episode.resources.pop(SANDBOX, None)
+        if sandbox is None:
+            return
+        task = self.harbor_task(episode.task)
+        try:
+            if episode.state.get("agent_done"):
+                raw = await quiesce_and_snapshot(sandbox, task.plan.workdir)
+                episode.resources[WORKSPACE] = filter_workspace(raw, task.plan.workdir)
+        finally:
+            await asyncio.shield(sandbox.close())
+        if WORKSPACE in episode.resources:
+            await self._verify(task, episode)
+
+    async def _verify(self, task: HarborTask, episode: Episode) -> None:
+        provider = await self._the_provider()
+        env = verifier_env(task.config.verifier.env, task.plan.env, task.tests_dir)
+        try:
+            result = await run_verifier(
+                provider,
+                self.spec(task, verifier=True),
+                episode.resources[WORKSPACE],
+                task.tests_dir,
+                task.shipped_paths(),
+                env,
+                task.config.verifier.timeout_sec,
+            )
+        except VerifierError as error:
+            episode.state["verifier_error"] = str(error)
+            return
+        episode.state.update(
+            reward=result.reward,
+            verifier_rewards=result.rewards,
+            verifier_exit_code=result.exit_code,
+            verifier_output=result.output[-2000:],
+        )
+
+    def verifier_reward(self, episode: Episode) -> float:
+        """The verifier's reward; a verifier that failed makes the rollout an error."""
+        if "verifier_error" in episode.state:
+            raise VerifierError(episode.state["verifier_error"])
+        if "reward" not in episode.state:
+            raise VerifierError("the episode was not graded")
+        return float(episode.state["reward"])
+
+    # ---------------------------------------------------------------- sandboxes
+
+    async def _the_provider(self) -> SandboxProvider:
+        if self._provider is None:
+            if self._owned is None:
+                self._owned = LocalProvider()
+            return self._owned
+        return self._provider
+
+    async def _pool(self, spec: SandboxSpec) -> SandboxPool:
+        """One pool per distinct sandbox spec (tasks may ask for different resources)."""
+        key = repr(spec)
+        async with self._pools_lock:
+            if key not in self._pools:
+                provider = await self._the_provider()
+                pool = SandboxPool(provider, spec, max_concurrency=self._max_sandboxes, warm=0)
+                self._pools[key] = await pool.start()
+            return self._pools[key]
+
+    async def aclose(self) -> None:
+        pools, self._pools = self._pools, {}
+        for pool in pools.values():
+            await pool.aclose()
+        if self._owned is not None:
+            await self._owned.aclose()
+            self._owned = None
+
+
+def load_environment(path: str | Path, name: str | None = None, **kwargs: Any) -> Environment:
+    """A task dir or a folder of them as an environment (named after the directory)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise UsageError(f"{path}: not a directory")
+    return HarborEnvironment(find_tasks(path), name=name or path.resolve().name, **kwargs)
+
+
+def use_agent(env: Environment, agent: str) -> None:
+    """Select a scripted agent (`oracle`, `nop`) where the environment has them."""
+    if agent == "model":
+        if isinstance(env, HarborEnvironment):
+            env.use_agent(agent)
+        return
+    if not isinstance(env, HarborEnvironment):
+        raise UsageError(
+            f"environment {env.name!r} has no {agent!r} agent: scripted agents run Harbor "
+            "tasks (a task directory, a folder of them, or `coding`)"
+        )
+    env.use_agent(agent)

@@ -1,0 +1,280 @@
+"""Reading Harbor task directories (the Harbor / Terminal-Bench task format).
+
+A task is a directory: `instruction.md` (what the agent is told), `task.toml` (timeouts and
+resources), `environment/` (a Dockerfile and its build context), `solution/solve.sh` (the
+reference, run by the oracle agent) and `tests/test.sh` (the verifier, which writes
+`/logs/verifier/reward.txt` or `reward.json`). The `harbor` package itself needs Python
+>= 3.12, so this module follows its documented `task.toml` schema with a small pydantic
+model that keeps only what a sandbox needs and ignores every other key.
+
+On the local backend there is no image build: a Dockerfile made only of FROM (the host's
+system stands in for the named image), WORKDIR, COPY/ADD of local files and ENV is
+replayed onto a fresh sandbox. Any other instruction needs Docker, and the task is
+skipped with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+import tarfile
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from reinforge.errors import UsageError
+
+DEFAULT_WORKDIR = "/app"
+"""Where the agent works when the Dockerfile sets no WORKDIR (Docker's own default, `/`,
+cannot be a sandbox workdir)."""
+LOCAL_INSTRUCTIONS = frozenset({"FROM", "WORKDIR", "COPY", "ADD", "ENV"})
+WRITABLE_TOPS = ("tmp", "root", "var")
+"""Top-level directories the local host view always makes writable (besides the workdir)."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class AgentSection(_Section):
+    timeout_sec: float | None = Field(None, gt=0)
+
+
+class VerifierSection(_Section):
+    timeout_sec: float = Field(600.0, gt=0)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class SolutionSection(_Section):
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class EnvironmentSection(_Section):
+    cpus: float = Field(1, gt=0)
+    memory_mb: int = Field(2048, gt=0)
+    storage_mb: int = Field(10240, gt=0)
+    allow_internet: bool = True
+    memory: str | None = None
+    """Deprecated in Harbor ("4G"); mapped onto `memory_mb`."""
+    storage: str | None = None
+
+    def memory_bytes(self) -> int:
+        return _size_mb(self.memory) << 20 if self.memory else self.memory_mb << 20
+
+    def storage_bytes(self) -> int:
+        return _size_mb(self.storage) << 20 if self.storage else self.storage_mb << 20
+
+
+class TaskConfig(_Section):
+    """`task.toml`: the sections a sandbox needs; metadata and unknown keys are ignored."""
+
+    agent: AgentSection = Field(default_factory=AgentSection)
+    verifier: VerifierSection = Field(default_factory=VerifierSection)
+    solution: SolutionSection = Field(default_factory=SolutionSection)
+    environment: EnvironmentSection = Field(default_factory=EnvironmentSection)
+
+
+def _size_mb(text: str) -> int:
+    units = {"G": 1024, "M": 1, "K": 1 / 1024}
+    text = text.strip().upper().removesuffix("B")
+    if not text or text[-1] not in units:
+        raise ValueError(f"size {text!r}: expected a number with G, M or K")
+    return int(float(text[:-1]) * units[text[-1]])
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One COPY/ADD: files of the build context and where they land in the sandbox."""
+
+    sources: tuple[str, ...]
+    dest: str
+    workdir: str
+    """The WORKDIR in force at this line (a relative `dest` is below it)."""
+
+
+@dataclass
+class ImagePlan:
+    """The Dockerfile as steps a fresh local sandbox can replay, or why it cannot."""
+
+    base: str = ""
+    workdir: str = DEFAULT_WORKDIR
+    env: dict[str, str] = field(default_factory=dict)
+    copies: list[Copy] = field(default_factory=list)
+    needs_docker: str | None = None
+    """Why this image cannot be replayed without Docker (None: it can)."""
+
+
+@dataclass
+class HarborTask:
+    """One task directory, read and checked."""
+
+    path: Path
+    name: str
+    instruction: str
+    config: TaskConfig
+    plan: ImagePlan
+
+    @property
+    def tests_dir(self) -> Path:
+        return self.path / "tests"
+
+    @property
+    def solution_dir(self) -> Path:
+        return self.path / "solution"
+
+    def environment_tar(self) -> bytes:
+        """The files the Dockerfile copies, as a tar of absolute sandbox paths (rooted at /)."""
+        buffer = io.BytesIO()
+        context = (self.path / "environment").resolve()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            for copy in self.plan.copies:
+                for source in copy.sources:
+                    _add_copy(tar, context, source, copy)
+        return buffer.getvalue()
+
+    def shipped_paths(self) -> set[str]:
+        """Absolute sandbox paths of every file the environment puts in place."""
+        with tarfile.open(fileobj=io.BytesIO(self.environment_tar())) as tar:
+            return {"/" + m.name for m in tar.getmembers() if m.isfile()}
+
+
+def _add_copy(tar: tarfile.TarFile, context: Path, source: str, copy: Copy) -> None:
+    src = (context / source).resolve()
+    if not src.is_relative_to(context) or not src.exists():
+        raise UsageError(f"COPY {source}: not a file of the build context {context}")
+    dest = PurePosixPath(copy.workdir) / copy.dest
+    if src.is_dir():
+        for child in sorted(src.rglob("*")):
+            if child.is_file():
+                tar.add(child, arcname=str(dest / child.relative_to(src)).lstrip("/"))
+        return
+    # Docker: a destination ending in / or . (or several sources) is a directory.
+    is_dir = copy.dest.endswith(("/", "/.")) or copy.dest == "." or len(copy.sources) > 1
+    target = dest / src.name if is_dir else dest
+    tar.add(src, arcname=str(target).lstrip("/"))
+
+
+def parse_dockerfile(text: str) -> ImagePlan:
+    """The local replay plan of a Dockerfile (line continuations and comments handled)."""
+    plan = ImagePlan()
+    workdir: str | None = None
+    for number, line in _instructions(text):
+        keyword, _, rest = line.partition(" ")
+        keyword = keyword.upper()
+        rest = rest.strip()
+        if keyword not in LOCAL_INSTRUCTIONS:
+            plan.needs_docker = f"{keyword} at Dockerfile line {number} needs Docker"
+            return plan
+        if keyword == "FROM":
+            plan.base = rest
+        elif keyword == "WORKDIR":
+            new = PurePosixPath(workdir or "/") / rest
+            workdir = str(new)
+        elif keyword == "ENV":
+            plan.env.update(_env_pairs(rest))
+        else:
+            words = _json_or_words(rest)
+            if any(w.startswith("--") for w in words) or len(words) < 2:
+                plan.needs_docker = f"{keyword} {rest} at Dockerfile line {number} needs Docker"
+                return plan
+            if any("://" in w for w in words[:-1]):
+                plan.needs_docker = f"ADD of a URL at Dockerfile line {number} needs Docker"
+                return plan
+            plan.copies.append(Copy(tuple(words[:-1]), words[-1], workdir or "/"))
+    if workdir is not None:
+        plan.workdir = workdir
+    reason = _unwritable(plan)
+    if reason:
+        plan.needs_docker = reason
+    return plan
+
+
+def _instructions(text: str) -> list[tuple[int, str]]:
+    out: list[tuple[int, str]] = []
+    pending, start = "", 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if not pending:
+            start = number
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        out.append((start, (pending + line).strip()))
+        pending = ""
+    if pending.strip():
+        out.append((start, pending.strip()))
+    return out
+
+
+def _env_pairs(rest: str) -> dict[str, str]:
+    words = shlex.split(rest)
+    if words and "=" not in words[0]:  # legacy form: ENV KEY value with spaces
+        return {words[0]: rest.split(None, 1)[1].strip() if len(words) > 1 else ""}
+    return dict(w.split("=", 1) for w in words if "=" in w)
+
+
+def _json_or_words(rest: str) -> list[str]:
+    if rest.startswith("["):
+        try:
+            value = json.loads(rest)
+        except json.JSONDecodeError:
+            return []
+        return [str(v) for v in value]
+    return shlex.split(rest)
+
+
+def _unwritable(plan: ImagePlan) -> str | None:
+    """The local host view is read-only outside the workdir's top directory, /tmp, /root
+    and /var: a task that puts files elsewhere needs its own image."""
+    allowed = {plan.workdir.strip("/").split("/")[0], *WRITABLE_TOPS}
+    if plan.workdir == "/":
+        return "WORKDIR / cannot be a local sandbox's workdir; needs Docker"
+    for copy in plan.copies:
+        dest = PurePosixPath(copy.workdir) / copy.dest
+        top = str(dest).strip("/").split("/")[0]
+        if top not in allowed:
+            return f"COPY to {dest} (outside the workdir) needs Docker"
+    return None
+
+
+def is_task_dir(path: Path) -> bool:
+    return (path / "task.toml").is_file()
+
+
+def load_task(path: Path) -> HarborTask:
+    """One task directory; a malformed one is a usage error naming the file."""
+    path = path.resolve()
+    config_path = path / "task.toml"
+    try:
+        config = TaskConfig.model_validate(tomllib.loads(config_path.read_text()))
+    except (OSError, tomllib.TOMLDecodeError, ValidationError, ValueError) as error:
+        raise UsageError(f"{config_path}: {error}") from error
+    instruction_path = path / "instruction.md"
+    if not instruction_path.is_file():
+        raise UsageError(f"{path}: no instruction.md")
+    if not (path / "tests" / "test.sh").is_file():
+        raise UsageError(f"{path}: no tests/test.sh")
+    dockerfile = path / "environment" / "Dockerfile"
+    if dockerfile.is_file():
+        plan = parse_dockerfile(dockerfile.read_text())
+    else:  # a prebuilt image or compose file: Docker's business
+        plan = ImagePlan(needs_docker="no environment/Dockerfile; needs Docker")
+    task = HarborTask(path, path.name, instruction_path.read_text(), config, plan)
+    if plan.needs_docker is None:
+        task.environment_tar()  # a COPY of a missing file fails here, at load time
+    return task
+
+
+def find_tasks(path: Path) -> list[HarborTask]:
+    """A task directory, or a folder of them (sorted by name)."""
+    if is_task_dir(path):
+        return [load_task(path)]
+    found = sorted(p for p in path.iterdir() if p.is_dir() and is_task_dir(p))
+    if not found:
+        raise UsageError(f"{path}: no task.toml here or in its subdirectories")
+    return [load_task(p) for p in found]

@@ -1,0 +1,242 @@
+"""Grading a Harbor task out of the agent's reach.
+
+The agent's sandbox never holds the tests, the solution or the reward file. After the
+agent phase every process in it is killed and its workspace is copied out as a tar; the
+sandbox is then destroyed. The verifier runs in a *fresh* sandbox with the network off:
+the agent's workspace (filtered: nothing outside the workdir, no links out of it), then
+`tests/` from the pristine task directory at `/tests`, a path the agent never had, and an
+empty `/logs/verifier` created by the host only now. Only the workspace crosses over, so
+whatever the agent planted elsewhere (a fake `python3`, sitecustomize or `.pth` files in
+site-packages or ~/.local, daemons, a pre-written reward) is gone. What is left in the
+workspace is neutralised where a pytest- or python-based verifier would pick it up; see
+`VERIFIER_ENV` and `neutralise_script`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shlex
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from reinforge.sandbox.protocol import DEFAULT_PATH, Sandbox, SandboxProvider, SandboxSpec
+
+TESTS_DIR = "/tests"
+LOGS_DIR = "/logs/verifier"
+MAX_WORKSPACE_BYTES = 256 << 20
+
+QUIESCE = (
+    "i=0; while [ $i -lt 100 ]; do kill -KILL -1 2>/dev/null; set -- /proc/[0-9]*; "
+    '[ "$#" -le 2 ] && exit 0; i=$((i + 1)); sleep 0.02; done; exit 1'
+)
+"""Run inside the agent's sandbox: SIGKILL every process but pid 1 and this shell (kill -1
+spares both) until those two are all /proc lists (pid 1 reaps the killed orphans)."""
+
+VERIFIER_ENV = {
+    "PATH": DEFAULT_PATH,  # system directories only: no fake python3 from the workspace
+    "HOME": "/root",  # a fresh, empty home: no ~/.local site-packages or .pth files
+    "PYTHONSAFEPATH": "1",  # `python -m pytest` does not put the cwd (the workspace) first
+    "PYTHONNOUSERSITE": "1",  # a workspace under /root cannot act as the user site
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
+"""The base of the verifier's whole environment (see `verifier_env`)."""
+
+PYTEST_CONFIGS = ("pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
+PLANTED = ("conftest.py", "sitecustomize.py", "usercustomize.py", "*.pth")
+
+
+class VerifierError(RuntimeError):
+    """The verifier failed to give a reward (timed out, crashed, no or bad reward file):
+    the rollout is an error, never a silent 0."""
+
+
+@dataclass(frozen=True)
+class VerifierResult:
+    reward: float
+    rewards: dict[str, float]
+    exit_code: int
+    output: str
+
+
+async def quiesce_and_snapshot(sandbox: Sandbox, workdir: str) -> bytes:
+    """Kill every agent process, then the workspace as a tar (top entry: its basename)."""
+    result = await sandbox.exec(["/bin/sh", "-c", QUIESCE], timeout=30)
+    if not result.ok:
+        raise VerifierError(f"could not stop the agent's processes: {result.stderr[-500:]!r}")
+    return await sandbox.download_tar(workdir, max_bytes=MAX_WORKSPACE_BYTES)
+
+
+def filter_workspace(tar_bytes: bytes, workdir: str) -> bytes:
+    """The agent's tar, keeping only regular files, directories and symlinks that stay
+    inside the workdir (tarfile's `data` filter): it was made in the agent's sandbox."""
+    parent = PurePosixPath(workdir).parent
+    top = PurePosixPath(workdir).name
+    out = io.BytesIO()
+    with (
+        tarfile.open(fileobj=io.BytesIO(tar_bytes)) as source,
+        tarfile.open(fileobj=out, mode="w") as target,
+    ):
+        for member in source:
+            name = PurePosixPath(member.name)
+            if (
+                not name.parts
+                or name.parts[0] != top
+                or ".." in name.parts
+                or not (member.isfile() or member.isdir() or member.issym())
+            ):
+                continue
+            try:
+                tarfile.data_filter(member, str(Path("/") / parent))
+            except tarfile.FilterError:
+                continue
+            if member.issym() and not _link_inside(name, member.linkname, top):
+                continue
+            kept = tarfile.TarInfo(member.name)
+            kept.type, kept.size, kept.linkname = member.type, member.size, member.linkname
+            kept.mode = 0o755 if member.isdir() or member.mode & 0o100 else 0o644
+            kept.mtime = member.mtime
+            data = source.extractfile(member) if member.isfile() else None
+            target.addfile(kept, data)
+    return out.getvalue()
+
+
+def _link_inside(name: PurePosixPath, link: str, top: str) -> bool:
+    if link.startswith("/"):
+        return False
+    parts: list[str] = []
+    for part in (*name.parent.parts, *PurePosixPath(link).parts):
+        if part == "..":
+            if not parts:
+                return False
+            parts.pop()
+        elif part != ".":
+            parts.append(part)
+    return bool(parts) and parts[0] == top
+
+
+def tests_tar(tests_dir: Path) -> bytes:
+    """A directory of the pristine task (`tests/`, `solution/`), as a tar of its contents."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for child in sorted(tests_dir.rglob("*")):
+            if child.is_file():
+                tar.add(child, arcname=str(child.relative_to(tests_dir)))
+    return out.getvalue()
+
+
+def neutralise_script(workdir: str, shipped: set[str]) -> str:
+    """Shell run in the verifier sandbox before the tests: delete what the agent planted in
+    the workspace that a python/pytest verifier would load (conftest.py, sitecustomize,
+    usercustomize, .pth, a shadowing pytest/unittest package or module), keeping files the
+    task's own environment shipped. Pytest config files in the workspace are ignored by
+    pointing pytest at the tests' own config (or none) through PYTEST_ADDOPTS."""
+    names = " -o ".join(f"-name {shlex.quote(n)}" for n in PLANTED)
+    shadows = "pytest _pytest unittest py pluggy".split()
+    shadow_names = " -o ".join(
+        f"-name {shlex.quote(n)} -o -name {shlex.quote(n + '.py')}" for n in shadows
+    )
+    keep = " ".join(f"! -path {shlex.quote(p)}" for p in sorted(shipped))
+    w = shlex.quote(workdir)
+    return (
+        f"find {w} \\( {names} \\) {keep} -exec rm -rf {{}} + 2>/dev/null; "
+        f"find {w} -maxdepth 1 \\( {shadow_names} \\) {keep} -exec rm -rf {{}} + 2>/dev/null; "
+        "true"
+    )
+
+
+def pytest_config_option(tests_dir: Path, tests_path: str = TESTS_DIR) -> str:
+    """`-c` for the tests' own pytest config if they ship one, else an empty config: the
+    workspace's pytest.ini/pyproject/tox/setup.cfg options never apply. `tests_path` is
+    where `tests_dir` is inside the verifier's sandbox."""
+    for name in PYTEST_CONFIGS:
+        if (tests_dir / name).is_file():
+            return f"-c {tests_path}/{name} --rootdir={tests_path}"
+    return f"-c /dev/null --rootdir={tests_path}"
+
+
+def verifier_env(
+    task_env: dict[str, str],
+    image_env: dict[str, str],
+    tests_dir: Path,
+    tests_path: str = TESTS_DIR,
+) -> dict[str, str]:
+    """The verifier's environment: `VERIFIER_ENV`, the pytest options for these tests, the
+    task's `[verifier] env`, and the image's ENV without what could redirect python."""
+    unsafe = ("PATH", "PYTHON", "LD_", "PYTEST_")
+    env = {k: v for k, v in image_env.items() if not k.startswith(unsafe)}
+    env.update(VERIFIER_ENV)
+    env["PYTEST_ADDOPTS"] = (
+        f"--confcutdir={tests_path} -p no:cacheprovider "
+        + pytest_config_option(tests_dir, tests_path)
+    )
+    env.update(task_env)
+    return env
+
+
+async def run_verifier(
+    provider: SandboxProvider,
+    spec: SandboxSpec,
+    workspace_tar: bytes,
+    tests_dir: Path,
+    shipped: set[str],
+    env: dict[str, str],
+    timeout_s: float,
+) -> VerifierResult:
+    """Grade a workspace in a fresh sandbox; raises VerifierError when no reward comes."""
+    sandbox = await provider.create(spec)
+    try:
+        workdir = spec.workdir
+        await sandbox.upload_tar(workspace_tar, str(PurePosixPath(workdir).parent))
+        setup = await sandbox.exec(
+            f"{neutralise_script(workdir, shipped)}; mkdir -p {LOGS_DIR}", timeout=60
+        )
+        if not setup.ok:
+            raise VerifierError(f"verifier setup failed: {setup.stderr[-500:]!r}")
+        await sandbox.upload_tar(tests_tar(tests_dir), TESTS_DIR)
+        result = await sandbox.exec(
+            ["bash", f"{TESTS_DIR}/test.sh"], cwd=workdir, env=env, timeout=timeout_s
+        )
+        output = (result.stdout + result.stderr).decode(errors="replace")[-4000:]
+        if result.timed_out:
+            raise VerifierError(f"the verifier timed out after {timeout_s:g} s: {output[-500:]}")
+        # Whatever test.sh (or code it ran) left behind cannot rewrite the reward from now on.
+        await sandbox.exec(["/bin/sh", "-c", QUIESCE], timeout=30)
+        files = await sandbox.read_files([f"{LOGS_DIR}/reward.txt", f"{LOGS_DIR}/reward.json"])
+    finally:
+        await sandbox.close()
+    reward, rewards = parse_reward(
+        files[f"{LOGS_DIR}/reward.txt"], files[f"{LOGS_DIR}/reward.json"]
+    )
+    if reward is None:
+        raise VerifierError(
+            f"the verifier (exit code {result.exit_code}) wrote no reward file: {output[-500:]}"
+        )
+    return VerifierResult(reward, rewards, result.exit_code, output)
+
+
+def parse_reward(
+    text: bytes | None, json_bytes: bytes | None
+) -> tuple[float | None, dict[str, float]]:
+    """reward.txt holds one number; reward.json a number or {name: number} (its `reward`
+    key, else the mean). A file that is there but unreadable raises VerifierError."""
+    if text is not None:
+        try:
+            return float(text.decode().strip()), {}
+        except (UnicodeDecodeError, ValueError) as error:
+            raise VerifierError(f"reward.txt is not a number: {text[:100]!r}") from error
+    if json_bytes is None:
+        return None, {}
+    try:
+        value: Any = json.loads(json_bytes)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value), {}
+        rewards = {str(k): float(v) for k, v in value.items()}
+    except (ValueError, TypeError, AttributeError) as error:
+        raise VerifierError(f"reward.json is not a number or {{name: number}}: {error}") from error
+    if not rewards:
+        raise VerifierError("reward.json is empty")
+    total = rewards.get("reward", sum(rewards.values()) / len(rewards))
+    return total, rewards

@@ -1,0 +1,257 @@
+"""Harbor tasks end to end in real local sandboxes: agents, grading out of reach, eval."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import openai
+import pytest
+
+from reinforge.envs.builtin.coding import TASKS
+from reinforge.envs.config import EnvConfig
+from reinforge.envs.harbor import HarborEnvironment
+from reinforge.envs.harbor_verify import quiesce_and_snapshot
+from reinforge.envs.registry import load_configured, load_environment
+from reinforge.errors import UsageError
+from reinforge.policy.client import PolicyClient
+from reinforge.policy.config import SamplingConfig
+from reinforge.rollout.config import RolloutConfig
+from reinforge.rollout.generator import generate_groups
+from reinforge.sandbox import LocalProvider, SandboxSpec
+from reinforge.types import Status
+
+from .commands import reinforge
+from .envs.scripted import ScriptedClient
+from .test_sandbox_env import call, tool_results
+
+BUNDLED = sorted(p.name for p in TASKS.iterdir() if (p / "task.toml").is_file())
+
+
+def write_task(
+    root: Path,
+    name: str,
+    test_sh: str,
+    *,
+    toml: str = "",
+    dockerfile: str = "FROM python:3.11-slim\nWORKDIR /app\n",
+    solve_sh: str = "true\n",
+) -> Path:
+    path = root / name
+    for sub in ("environment", "tests", "solution"):
+        (path / sub).mkdir(parents=True)
+    (path / "task.toml").write_text(toml)
+    (path / "instruction.md").write_text(f"Task {name}.\n")
+    (path / "environment" / "Dockerfile").write_text(dockerfile)
+    (path / "tests" / "test.sh").write_text(textwrap.dedent(test_sh))
+    (path / "solution" / "solve.sh").write_text(solve_sh)
+    return path
+
+
+def no_model() -> PolicyClient:
+    unused = openai.AsyncOpenAI(base_url="http://no-model.invalid/v1", api_key="-")
+    return PolicyClient(unused, "none", SamplingConfig())
+
+
+async def run_all(env: HarborEnvironment, n: int | None = None) -> list:
+    tasks = env.tasks(n or len(env.runnable))
+    try:
+        groups = await generate_groups(env, tasks, no_model(), RolloutConfig(), 1, 0)
+    finally:
+        await env.aclose()
+    return [g.trajectories[0] for g in groups]
+
+
+@pytest.mark.parametrize(("agent", "reward"), [("oracle", 1.0), ("nop", 0.0)])
+def test_eval_of_the_bundled_set_oracle_scores_1_and_nop_0(tmp_path, agent, reward):
+    result = reinforge(
+        "eval", "coding", "--agent", agent, "--tasks", str(len(BUNDLED)), "--out", str(tmp_path)
+    )
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(r) for r in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    assert sorted(r["task_id"] for r in rows) == BUNDLED
+    assert all(r["status"] == "ok" and r["reward"] == reward for r in rows), rows
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["reward_mean"] == reward and summary["model"] == f"agent:{agent}"
+
+
+@pytest.mark.parametrize(("agent", "reward"), [("oracle", 1.0), ("nop", 0.0)])
+def test_eval_of_one_task_dir_given_by_path(tmp_path, agent, reward):
+    task_dir = TASKS / "fix-median-bug"
+    result = reinforge("eval", str(task_dir), "--agent", agent, "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["environment"] == "fix-median-bug" and summary["reward_mean"] == reward
+
+
+def test_scripted_agents_need_a_harbor_environment():
+    result = reinforge("eval", "arithmetic", "--agent", "oracle")
+    assert result.returncode == 2
+    assert "has no 'oracle' agent" in result.stderr
+
+
+async def test_a_model_works_with_the_tools_and_never_sees_tests_solution_or_logs():
+    env = load_environment("coding")
+    (task,) = [t for t in env.tasks(len(BUNDLED)) if t.id == "fix-median-bug"]
+    fixed = (TASKS / "fix-median-bug" / "solution" / "solve.sh").read_text()
+    fixed = fixed.split("<<'EOF'\n", 1)[1].rsplit("EOF", 1)[0]
+    client = ScriptedClient(
+        [
+            call("bash", command="ls /tests /solution /logs 2>&1; pwd"),
+            call("bash", command="mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt"),
+            call("write_file", path="stats.py", content=fixed),
+            "Fixed.",
+        ]
+    )
+    try:
+        episode = await env.rollout(client, task)
+        listing, prewrite, _ = tool_results(client)
+        for path in ("/tests", "/solution", "/logs"):
+            assert f"ls: cannot access '{path}': No such file or directory" in listing
+        assert listing.rstrip().endswith("/app") and "/app" in client.prompts[0][0]["content"]
+        assert prewrite.startswith("[exit code 1]")  # no reward channel during the agent phase
+        assert (await env.rubric.score([episode]))[0].total == 1.0
+    finally:
+        await env.aclose()
+
+
+PLANTS = {
+    "conftest.py": "import os; os._exit(0)\n",
+    "sub/sitecustomize.py": "import os; os._exit(0)\n",
+    "evil.pth": "import os; os._exit(0)\n",
+    "pytest.py": "raise SystemExit(0)\n",
+    "unittest/__init__.py": "raise SystemExit(0)\n",
+}
+
+CHECK_CLEAN = """\
+    fail() { echo "$1"; echo 0 > /logs/verifier/reward.txt; exit 0; }
+    for f in conftest.py sub/sitecustomize.py evil.pth pytest.py unittest; do
+      [ -e "/app/$f" ] && fail "planted $f survived"
+    done
+    [ -f /app/kept.txt ] || fail "the agent's work was lost"
+    [ -f /app/shipped/conftest.py ] || fail "the task's own conftest.py was removed"
+    [ -e /app/escape ] && fail "a link out of the workspace survived"
+    [ -e /root/.local/fake ] && fail "the agent's home came along"
+    [ -z "$PYTHONPATH" ] || fail "PYTHONPATH=$PYTHONPATH"
+    [ "$(command -v python3)" = /usr/bin/python3 ] || fail "python3 is $(command -v python3)"
+    [ "$PYTHONSAFEPATH" = 1 ] || fail "PYTHONSAFEPATH unset"
+    python3 -c 'import socket; socket.create_connection(("192.0.2.1", 9), 2)' 2>/dev/null \
+      && fail "the verifier has a network"
+    echo 1 > /logs/verifier/reward.txt
+"""
+
+
+async def test_what_the_agent_plants_is_gone_before_the_verifier_runs(tmp_path):
+    path = write_task(
+        tmp_path,
+        "plants",
+        CHECK_CLEAN,
+        dockerfile=(
+            "FROM python:3.11-slim\nWORKDIR /app\nENV PYTHONPATH=/app PATH=/app/bin:/usr/bin\n"
+            "COPY conftest.py /app/shipped/conftest.py\n"
+        ),
+    )
+    (path / "environment" / "conftest.py").write_text("# the task's own\n")
+    env = load_environment(str(path))
+    plant = " && ".join(
+        f"mkdir -p $(dirname {name}) && printf %s {json.dumps(text)} > {name}"
+        for name, text in PLANTS.items()
+    )
+    client = ScriptedClient(
+        [
+            call("bash", command=plant),
+            call("bash", command="echo work > kept.txt && ln -s /etc/passwd escape"),
+            call("bash", command="mkdir -p /root/.local && touch /root/.local/fake"),
+            call("bash", command="(setsid sh -c 'while :; do touch /app/late; sleep 1; done' &)"),
+            "Done.",
+        ]
+    )
+    (task,) = env.tasks(1)
+    try:
+        episode = await env.rollout(client, task)
+        assert all(r.startswith("[exit code 0]") for r in tool_results(client)), client.prompts
+        scores = (await env.rubric.score([episode]))[0]
+        assert scores.total == 1.0, episode.state.get("verifier_output")
+    finally:
+        await env.aclose()
+
+
+async def test_quiesce_leaves_no_agent_process():
+    provider = LocalProvider()
+    try:
+        async with await provider.create(SandboxSpec()) as sandbox:
+            await sandbox.exec("(setsid sh -c 'while :; do sleep 1; done' &); (sleep 1000 &)")
+            await quiesce_and_snapshot(sandbox, "/workspace")
+            left = await sandbox.exec('set -- /proc/[0-9]*; echo "$#"')
+            assert left.stdout == b"2\n"  # pid 1 and this shell
+    finally:
+        await provider.aclose()
+
+
+async def test_a_failing_verifier_is_an_error_not_a_zero(tmp_path):
+    write_task(tmp_path, "a-times-out", "sleep 60\n", toml="[verifier]\ntimeout_sec = 0.5\n")
+    write_task(tmp_path, "b-no-reward", "echo broken; exit 3\n")
+    write_task(tmp_path, "c-garbage", "echo passed > /logs/verifier/reward.txt\n")
+    write_task(tmp_path, "d-ok", "echo 0 > /logs/verifier/reward.txt; exit 1\n")
+    env = load_environment(str(tmp_path), agent="nop")
+    trajectories = await run_all(env)
+    by_id = {t.task_id: t for t in trajectories}
+    assert "timed out after 0.5 s" in by_id["a-times-out"].error
+    assert "wrote no reward file" in by_id["b-no-reward"].error
+    assert "not a number" in by_id["c-garbage"].error
+    for name in ("a-times-out", "b-no-reward", "c-garbage"):
+        assert by_id[name].status == Status.ERROR and by_id[name].reward is None
+    assert by_id["d-ok"].status == Status.OK and by_id["d-ok"].reward == 0.0
+
+
+async def test_the_agent_timeout_of_task_toml_ends_the_agent_phase_and_grading_goes_on(tmp_path):
+    write_task(
+        tmp_path,
+        "slow",
+        "cat /app/started > /logs/verifier/reward.txt\n",
+        toml="[agent]\ntimeout_sec = 1.0\n",
+        solve_sh="echo 1 > /app/started; sleep 60\n",
+    )
+    (trajectory,) = await run_all(load_environment(str(tmp_path), agent="oracle"))
+    assert trajectory.status == Status.TRUNCATED and trajectory.reward == 1.0
+    assert trajectory.info["agent_timed_out"] is True
+
+
+def test_tasks_that_need_docker_are_skipped_with_a_reason(tmp_path, capsys):
+    write_task(tmp_path, "runs", "true\n")
+    write_task(tmp_path, "builds", "true\n", dockerfile="FROM x\nRUN apt-get update\n")
+    env = load_environment(str(tmp_path))
+    assert list(env.runnable) == ["runs"]
+    assert env.skipped == {"builds": "RUN at Dockerfile line 2 needs Docker"}
+    assert "skipped Harbor task builds: RUN at Dockerfile line 2" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="no task runs without Docker"):
+        load_environment(str(tmp_path / "builds"))
+
+
+def test_a_task_dir_is_an_env_name_for_train_too(tmp_path):
+    write_task(tmp_path, "one", "true\n")
+    env = load_configured(EnvConfig(name=str(tmp_path / "one"), args={"max_turns": 3}))
+    assert isinstance(env, HarborEnvironment) and env.harness.max_turns == 3
+    with pytest.raises(UsageError, match="no task.toml"):
+        load_environment(str(tmp_path / "one" / "tests"))
+
+
+@pytest.mark.parametrize(
+    ("task_id", "path", "content"),
+    [
+        ("fix-median-bug", "stats.py", "import os\nos._exit(0)\n"),  # exit 0 before the tests
+        ("fix-median-bug", "stats.py", "raise SystemExit(0)\n"),
+        ("make-roman-test-pass", "test_roman.py", "print('OK')\n"),  # edit the visible test
+        ("implement-slugify", "/logs/verifier/reward.txt", "1\n"),  # pre-write the reward
+    ],
+)
+async def test_simple_hacks_score_0_on_the_bundled_tasks(task_id, path, content):
+    env = load_environment("coding")
+    (task,) = [t for t in env.tasks(len(BUNDLED)) if t.id == task_id]
+    client = ScriptedClient([call("write_file", path=path, content=content), "Done."])
+    try:
+        episode = await env.rollout(client, task)
+        assert (await env.rubric.score([episode]))[0].total == 0.0
+    finally:
+        await env.aclose()

@@ -1,0 +1,226 @@
+"""Reading Harbor task directories and the verifier's pieces that need no sandbox."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from reinforge.envs.harbor_task import find_tasks, load_task, parse_dockerfile
+from reinforge.envs.harbor_verify import (
+    VerifierError,
+    filter_workspace,
+    neutralise_script,
+    parse_reward,
+    verifier_env,
+)
+from reinforge.errors import UsageError
+
+
+def make_task(root: Path, name: str = "t", toml: str = "", dockerfile: str | None = None) -> Path:
+    path = root / name
+    (path / "environment").mkdir(parents=True)
+    (path / "tests").mkdir()
+    (path / "task.toml").write_text(toml)
+    (path / "instruction.md").write_text("Do it.\n")
+    (path / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
+    if dockerfile is not None:
+        (path / "environment" / "Dockerfile").write_text(dockerfile)
+    return path
+
+
+def test_a_local_dockerfile_becomes_a_replay_plan():
+    plan = parse_dockerfile(
+        "# comment\nFROM python:3.11-slim\nWORKDIR /app\nENV A=1 B='two words'\n"
+        'ENV LEGACY some value\nCOPY a.py b.py src/\nADD ["data", "/app/data"]\n'
+        "WORKDIR sub\nCOPY \\\n  c.py .\n"
+    )
+    assert plan.needs_docker is None
+    assert plan.base == "python:3.11-slim" and plan.workdir == "/app/sub"
+    assert plan.env == {"A": "1", "B": "two words", "LEGACY": "some value"}
+    assert [(c.sources, c.dest, c.workdir) for c in plan.copies] == [
+        (("a.py", "b.py"), "src/", "/app"),
+        (("data",), "/app/data", "/app"),
+        (("c.py",), ".", "/app/sub"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("dockerfile", "reason"),
+    [
+        ("FROM x\nRUN pip install numpy\n", "RUN at Dockerfile line 2 needs Docker"),
+        ("FROM x\nWORKDIR /app\nCOPY --chown=1 a .\n", "COPY --chown=1 a . at Dockerfile"),
+        ("FROM x\nADD https://example.com/f /app/f\n", "ADD of a URL at Dockerfile line 2"),
+        ("FROM x\nWORKDIR /app\nCOPY a /opt/a\n", "COPY to /opt/a (outside the workdir)"),
+        ("FROM x\nWORKDIR /\n", "WORKDIR / cannot be a local sandbox's workdir"),
+    ],
+)
+def test_anything_else_needs_docker_with_a_one_line_reason(dockerfile, reason):
+    assert reason in (parse_dockerfile(dockerfile).needs_docker or "")
+
+
+def test_task_toml_keeps_what_a_sandbox_needs_and_tolerates_the_rest(tmp_path):
+    toml = (
+        'version = "1.0"\n[metadata]\nauthor_name = "x"\ndifficulty = "easy"\n'
+        "[agent]\ntimeout_sec = 30.0\nuser = 'agent'\n"
+        "[verifier]\ntimeout_sec = 12.5\nenv = { MODE = 'strict' }\n"
+        "[environment]\ncpus = 2\nmemory = '1G'\nstorage_mb = 300\nbuild_timeout_sec = 9\n"
+        "[something_new]\nkey = 1\n"
+    )
+    path = make_task(tmp_path, toml=toml, dockerfile="FROM x\nWORKDIR /srv\n")
+    task = load_task(path)
+    assert task.config.agent.timeout_sec == 30.0
+    assert task.config.verifier.timeout_sec == 12.5
+    assert task.config.verifier.env == {"MODE": "strict"}
+    resources = task.config.environment
+    assert (resources.cpus, resources.memory_bytes(), resources.storage_bytes()) == (
+        2,
+        1 << 30,
+        300 << 20,
+    )
+    assert task.plan.workdir == "/srv" and task.instruction == "Do it.\n"
+
+
+def test_bad_task_dirs_are_usage_errors_naming_the_file(tmp_path):
+    bad_toml = make_task(tmp_path, "bad", toml="[agent\n")
+    with pytest.raises(UsageError, match="bad/task.toml"):
+        load_task(bad_toml)
+    no_instruction = make_task(tmp_path, "noinstr")
+    (no_instruction / "instruction.md").unlink()
+    with pytest.raises(UsageError, match="no instruction.md"):
+        load_task(no_instruction)
+    dockerfile = "FROM x\nWORKDIR /app\nCOPY gone.py .\n"
+    missing_copy = make_task(tmp_path, "nocopy", dockerfile=dockerfile)
+    with pytest.raises(UsageError, match="COPY gone.py"):
+        load_task(missing_copy)
+    with pytest.raises(UsageError, match="no task.toml"):
+        find_tasks(tmp_path / "bad" / "tests")
+
+
+def test_a_folder_of_task_dirs_is_read_in_name_order(tmp_path):
+    for name in ("b", "a"):
+        make_task(tmp_path, name, dockerfile="FROM x\n")
+    (tmp_path / "not-a-task").mkdir()
+    assert [t.name for t in find_tasks(tmp_path)] == ["a", "b"]
+    assert [t.name for t in find_tasks(tmp_path / "a")] == ["a"]
+
+
+def test_the_environment_tar_places_copies_where_docker_would(tmp_path):
+    path = make_task(
+        tmp_path,
+        dockerfile=(
+            "FROM x\nWORKDIR /app\nCOPY one.py .\nCOPY pkg lib/\nCOPY one.py two.py /tmp/d/\n"
+        ),
+    )
+    (path / "environment" / "one.py").write_text("1")
+    (path / "environment" / "two.py").write_text("2")
+    (path / "environment" / "pkg" / "sub").mkdir(parents=True)
+    (path / "environment" / "pkg" / "sub" / "m.py").write_text("m")
+    task = load_task(path)
+    assert task.shipped_paths() == {
+        "/app/one.py",
+        "/app/lib/sub/m.py",
+        "/tmp/d/one.py",
+        "/tmp/d/two.py",
+    }
+
+
+def test_reward_files():
+    assert parse_reward(b"0.75\n", None) == (0.75, {})
+    assert parse_reward(None, b"1") == (1.0, {})
+    assert parse_reward(None, b'{"reward": 0.5, "style": 1}') == (0.5, {"reward": 0.5, "style": 1})
+    assert parse_reward(None, b'{"a": 1, "b": 0}') == (0.5, {"a": 1.0, "b": 0.0})
+    assert parse_reward(None, None) == (None, {})
+    for text, data in ((b"passed", None), (None, b"[1]"), (None, b"{}"), (None, b"{")):
+        with pytest.raises(VerifierError):
+            parse_reward(text, data)
+
+
+def tar_of(*members: tarfile.TarInfo, data: bytes = b"x") -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for member in members:
+            if member.isfile():
+                member.size = len(data)
+                tar.addfile(member, io.BytesIO(data))
+            else:
+                tar.addfile(member)
+    return out.getvalue()
+
+
+def member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, link
+    return info
+
+
+def test_only_the_workspace_crosses_to_the_verifier():
+    raw = tar_of(
+        member("app", tarfile.DIRTYPE),
+        member("app/ok.py"),
+        member("app/inner", tarfile.SYMTYPE, "ok.py"),
+        member("app/up", tarfile.SYMTYPE, "../logs/verifier/reward.txt"),
+        member("app/abs", tarfile.SYMTYPE, "/tests/test.sh"),
+        member("app/hard", tarfile.LNKTYPE, "app/ok.py"),
+        member("app/dev", tarfile.CHRTYPE),
+        member("app/../logs/verifier/reward.txt"),
+        member("/tests/test.sh"),
+        member("other/file"),
+    )
+    with tarfile.open(fileobj=io.BytesIO(filter_workspace(raw, "/app"))) as tar:
+        assert sorted(tar.getnames()) == ["app", "app/inner", "app/ok.py"]
+
+
+def test_the_verifier_env_drops_what_could_redirect_python(tmp_path):
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    image_env = {"PATH": "/app/bin:/usr/bin", "PYTHONPATH": "/app", "LANG": "C", "LD_PRELOAD": "x"}
+    env = verifier_env({"MODE": "strict"}, image_env, tests)
+    assert env["PATH"] == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    assert "PYTHONPATH" not in env and "LD_PRELOAD" not in env
+    assert env["LANG"] == "C" and env["MODE"] == "strict"
+    assert env["PYTHONSAFEPATH"] == "1" and env["PYTHONNOUSERSITE"] == "1"
+    assert "-c /dev/null --rootdir=/tests" in env["PYTEST_ADDOPTS"]
+    (tests / "pytest.ini").write_text("[pytest]\n")
+    assert "-c /tests/pytest.ini" in verifier_env({}, {}, tests)["PYTEST_ADDOPTS"]
+
+
+PLANTED_CONFTEST = """
+import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    report.outcome = "passed"
+"""
+
+
+@pytest.mark.parametrize("plant", ["conftest", "ini", "shadow"])
+def test_planted_pytest_hacks_pass_plainly_and_fail_once_neutralised(tmp_path, plant):
+    """The host's pytest stands in for a verifier's: each plant makes a failing test pass
+    until `neutralise_script` and `verifier_env` are applied."""
+    app, tests = tmp_path / "app", tmp_path / "tests"
+    app.mkdir()
+    tests.mkdir()
+    (app / "test_visible.py").write_text("def test_fails():\n    assert False\n")
+    if plant == "conftest":
+        (app / "conftest.py").write_text(PLANTED_CONFTEST)
+    elif plant == "ini":
+        (app / "pytest.ini").write_text("[pytest]\naddopts = --collect-only\n")
+    else:
+        (app / "pytest.py").write_text("raise SystemExit(0)\n")
+    base = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    hacked = subprocess.run(argv, cwd=app, env=base, capture_output=True, timeout=120)
+    assert hacked.returncode == 0, hacked.stdout
+    subprocess.run(["sh", "-c", neutralise_script(str(app), set())], check=True, timeout=60)
+    env = base | verifier_env({}, {}, tests, tests_path=str(tests))
+    graded = subprocess.run(argv, cwd=app, env=env, capture_output=True, timeout=120)
+    assert graded.returncode == 1, graded.stdout
