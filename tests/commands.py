@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import signal
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 LENGTH_ENV = str(ROOT / "tests" / "data" / "length_env.py")
@@ -37,3 +44,45 @@ def tiny_train(run_dir: Path, *overrides: str) -> list[str]:
         "rollout.tasks_per_step=2",
         *overrides,
     ]
+
+
+@contextmanager
+def serving(*args: str) -> Iterator[str]:
+    """`reinforge serve --model tiny-random ARGS` on a free port, as a user starts it;
+    yields its base URL once /health answers, and stops it after."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "reinforge", "serve", "--model", "tiny-random"]
+        + ["--port", str(port), *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            if process.poll() is not None:
+                assert process.stderr is not None
+                raise RuntimeError(f"server exited: {process.stderr.read().decode()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def kill_after(process: subprocess.Popen[str], metrics: Path, steps: int) -> None:
+    """kill -9 `process` once `metrics` (its metrics.jsonl) holds `steps` lines."""
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= steps:
+            process.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    process.wait(timeout=60)
+    assert process.returncode == -signal.SIGKILL

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -20,7 +18,7 @@ from reinforge.policy.models import load_model
 from reinforge.train.checkpoints import load_trainer_state
 from reinforge.types import Trajectory
 
-from .commands import ROOT, tiny_train
+from .commands import ROOT, kill_after, tiny_train
 
 GATED_ENV = str(ROOT / "tests" / "data" / "gated_env.py")
 SLOW_TASK = f"gated-{task_seed(0, 0)}-0"
@@ -120,14 +118,7 @@ def test_a_killed_async_run_resumes_with_its_versions_and_staleness(tmp_path):
     )
     killed = subprocess.Popen(argv, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "r" / "metrics.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline and killed.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
-            killed.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.05)
-    killed.wait(timeout=60)
-    assert killed.returncode == -signal.SIGKILL
+    kill_after(killed, metrics, 3)  # past the step-2 checkpoint, before the end
 
     resumed = subprocess.run([*argv, "--resume"], cwd=ROOT, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,37 +18,15 @@ from reinforge.policy.engine import Engine
 from reinforge.policy.models import load_model
 from reinforge.policy.server import create_app
 
-from .commands import ROOT, tiny_train
-from .test_server import free_port
+from .commands import ROOT, serving, tiny_train
 
 TOKEN = "test-secret"
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "reinforge", "serve", "--model", "tiny-random"),
-            *("--port", str(port), f"server.weights_token={TOKEN}"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            if process.poll() is not None:
-                raise RuntimeError(f"server exited: {process.stderr.read().decode()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+    with serving(f"server.weights_token={TOKEN}") as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def _perturbed_weights(path: Path) -> dict[str, torch.Tensor]:

@@ -4,10 +4,8 @@ same app in process over a scripted tiny model, for what a random model never wr
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -21,6 +19,8 @@ from reinforge.policy.config import EngineConfig, ServerConfig
 from reinforge.policy.engine import Engine
 from reinforge.policy.models import load_model, load_tokenizer
 from reinforge.policy.server import create_app
+
+from .commands import serving
 
 USER = {"role": "user", "content": "What is 2 + 2?"}
 CALL = '<tool_call>\n{"name": "calc", "arguments": {"expression": "2 + 2"}}\n</tool_call>'
@@ -36,34 +36,10 @@ TOOLS = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "reinforge", "serve", "--model", "tiny-random", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            if process.poll() is not None:
-                raise RuntimeError(f"server exited: {process.stderr.read().decode()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+    with serving() as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 @pytest.fixture

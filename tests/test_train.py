@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +23,7 @@ from reinforge.train.config import TrainerConfig
 from reinforge.train.trainer import Trainer, select_for_training
 from reinforge.types import Group, Status, Task, Trajectory
 
-from .commands import LENGTH_ENV, ROOT, tiny_train
+from .commands import LENGTH_ENV, ROOT, kill_after, tiny_train
 
 
 def test_a_tiny_run_writes_metrics_trajectories_and_loadable_checkpoints(tmp_path):
@@ -156,15 +154,7 @@ def test_a_killed_run_resumes_with_the_same_data_order(tmp_path):
     killed_dir = tmp_path / "killed"
     killed = _train(killed_dir)
     metrics = killed_dir / "r" / "metrics.jsonl"
-    deadline = time.time() + 300
-    # Kill -9 once step 3 (index 2) is recorded: past the step-2 checkpoint, before the end.
-    while time.time() < deadline and killed.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
-            killed.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.05)
-    killed.wait(timeout=60)
-    assert killed.returncode == -signal.SIGKILL
+    kill_after(killed, metrics, 3)  # past the step-2 checkpoint, before the end
 
     again = _train(killed_dir)  # without --resume the run directory is not overwritten
     assert again.wait(timeout=120) == 2 and "--resume" in again.stderr.read()

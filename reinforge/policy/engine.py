@@ -244,7 +244,6 @@ class Engine:
         Identical prompts (the k rollouts of one task, or `n` > 1) are computed once.
         Each prompt's longest cached prefix is reused: only the rest is computed, so a
         multi-turn episode pays for its new tokens, not for the conversation again.
-        Row layout (left-padded): [pad | cached prefix | pad | new tokens].
         """
         unique: dict[tuple[int, ...], int] = {}
         source = [unique.setdefault(tuple(r.prompt_ids), len(unique)) for r in arrivals]
@@ -252,23 +251,9 @@ class Engine:
         hits = [self._prefixes.lookup(list(p)) for p in prompts]
         cached = [hit.length if hit else 0 for hit in hits]
         new = [p[c:] for p, c in zip(prompts, cached, strict=True)]
-        c_width, n_width = max(cached), max(len(n) for n in new)
-        ids = torch.full((len(prompts), n_width), self._pad_id, dtype=torch.long)  # (U, N)
-        mask = torch.zeros((len(prompts), c_width + n_width), dtype=torch.long)  # (U, C+N)
-        for row, (tokens, length) in enumerate(zip(new, cached, strict=True)):
-            ids[row, n_width - len(tokens) :] = torch.tensor(tokens)
-            mask[row, c_width - length : c_width] = 1
-            mask[row, c_width + n_width - len(tokens) :] = 1
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, c_width:]  # (U, N)
-        cache = _cache_with_prefixes(hits, c_width)
-        logits = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[:, -1]  # (U, V)
+        ids, mask = self._layout(new, cached)  # (U, N), (U, C+N)
+        cache = _cache_with_prefixes(hits, max(cached))
+        logits = self._forward_new(ids, mask, cache)  # (U, V)
         self.stats.prefill_tokens += sum(len(n) for n in new)
         self.stats.cached_tokens += sum(cached)
         self.stats.requests += len(arrivals)
@@ -284,29 +269,41 @@ class Engine:
         States from older weights would make the next tokens a mix of two policies while
         they record the new version alone. Each row's fed tokens (its prompt and all
         sampled tokens but the last, which `_decode` feeds next) are computed again in one
-        left-padded forward, laid out as `_prefill` lays out a prompt with nothing cached.
+        left-padded forward, laid out as a prompt with nothing cached.
         """
         if not batch.requests:
             return
         fed = [[*r.prompt_ids, *r.completion.token_ids[:-1]] for r in batch.requests]
-        width = max(len(tokens) for tokens in fed)
-        ids = torch.full((len(fed), width), self._pad_id, dtype=torch.long)  # (B, L)
-        mask = torch.zeros((len(fed), width), dtype=torch.long)  # (B, L)
-        for row, tokens in enumerate(fed):
-            ids[row, width - len(tokens) :] = torch.tensor(tokens)
-            mask[row, width - len(tokens) :] = 1
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # (B, L)
+        ids, mask = self._layout(fed, [0] * len(fed))  # (B, L), (B, L)
         cache = roomy_cache()
-        self.model(
+        self._forward_new(ids, mask, cache)
+        batch.cache, batch.mask = cache, mask
+        self.stats.recomputed_tokens += sum(len(tokens) for tokens in fed)
+
+    def _layout(self, new: list[list[int]], cached: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of new tokens after cached prefixes of the given lengths, left-padded:
+        [pad | cached prefix | pad | new tokens]. Returns the new tokens' ids (R, N) and
+        the attention mask over prefix and new columns (R, C+N)."""
+        c_width, n_width = max(cached), max(len(tokens) for tokens in new)
+        ids = torch.full((len(new), n_width), self._pad_id, dtype=torch.long)  # (R, N)
+        mask = torch.zeros((len(new), c_width + n_width), dtype=torch.long)  # (R, C+N)
+        for row, (tokens, length) in enumerate(zip(new, cached, strict=True)):
+            ids[row, n_width - len(tokens) :] = torch.tensor(tokens)
+            mask[row, c_width - length : c_width] = 1
+            mask[row, c_width + n_width - len(tokens) :] = 1
+        return ids, mask
+
+    def _forward_new(self, ids: torch.Tensor, mask: torch.Tensor, cache: Cache) -> torch.Tensor:
+        """Run the new columns of a `_layout` into `cache`; the last column's logits (R, V)."""
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, mask.shape[1] - ids.shape[1] :]
+        return self.model(
             input_ids=ids,
             attention_mask=mask,
-            position_ids=positions,
+            position_ids=positions,  # (R, N)
             cache=cache,
             use_cache=True,
             logits_to_keep=1,
-        )
-        batch.cache, batch.mask = cache, mask
-        self.stats.recomputed_tokens += sum(len(tokens) for tokens in fed)
+        ).logits[:, -1]
 
     def _decode(self, batch: _Batch) -> None:
         """One token for every running row (those prefilled in this iteration included)."""
