@@ -82,6 +82,12 @@ class Environment:
         """Initial per-episode state."""
         return {}
 
+    def is_done(self, episode: Episode) -> bool:
+        """Whether a turn's tool calls ended the episode (a submit tool, a solved puzzle):
+        checked after each turn's tools; True ends it ok, even on the last allowed turn,
+        which would otherwise count as running out of turns. Default: never."""
+        return False
+
     async def respond(self, episode: Episode) -> Step:
         """Answer an assistant turn that made no tool call. Single-turn: always Finished."""
         return Finished()
@@ -132,6 +138,9 @@ class Environment:
             episode.truncated = reply.truncated
             if self._tools and (reply.tool_calls or "<tool_call>" in reply.text):
                 episode.messages.extend(await self._run_tools(episode, reply.message))
+                if self.is_done(episode):  # reached through a tool, on any turn
+                    episode.truncated = False
+                    return
                 continue
             step = await self.respond(episode)
             if isinstance(step, Finished):
