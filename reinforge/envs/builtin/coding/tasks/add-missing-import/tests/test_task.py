@@ -1,0 +1,36 @@
+import ast
+import subprocess
+import sys
+import unittest
+
+
+def evaluate(module, expression):
+    """The repr of `expression`, computed in a fresh process that imports the candidate
+    `module` from /app (after the standard library). The candidate's code never runs in
+    this process, so it cannot end it early or change how the results are judged."""
+    script = f'import sys\nsys.path.append("/app")\nimport {module}\nprint(repr({expression}))'
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=30, cwd="/tmp"
+    )
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise AssertionError(f"exit code {result.returncode}: {result.stderr[-500:]}")
+    return lines[-1]
+
+
+
+
+class Distance(unittest.TestCase):
+    def test_cases(self):
+        expression = (
+            "[geometry2d.distance((0, 0), (3, 4)), geometry2d.distance((1, 1), (1, 1)),"
+            " geometry2d.distance((-1, 2), (2, -2)), round(geometry2d.distance((0, 0), (1, 1)), 9)]"
+        )
+        got = ast.literal_eval(evaluate("geometry2d", expression))
+        self.assertIs(type(got), list)
+        self.assertTrue(all(type(g) is float for g in got))
+        self.assertEqual(got, [5.0, 0.0, 5.0, 1.414213562])
+
+
+if __name__ == "__main__":
+    unittest.main()

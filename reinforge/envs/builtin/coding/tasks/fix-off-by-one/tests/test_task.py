@@ -1,0 +1,36 @@
+import ast
+import subprocess
+import sys
+import unittest
+
+
+def evaluate(module, expression):
+    """The repr of `expression`, computed in a fresh process that imports the candidate
+    `module` from /app (after the standard library). The candidate's code never runs in
+    this process, so it cannot end it early or change how the results are judged."""
+    script = f'import sys\nsys.path.append("/app")\nimport {module}\nprint(repr({expression}))'
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=30, cwd="/tmp"
+    )
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise AssertionError(f"exit code {result.returncode}: {result.stderr[-500:]}")
+    return lines[-1]
+
+
+
+
+CASES = {3: [1, 2, 3], 1: [1], 0: [], -2: [], 6: [1, 2, 3, 4, 5, 6]}
+
+
+class CountUp(unittest.TestCase):
+    def test_cases(self):
+        expression = f"[counting.count_up(n) for n in {list(CASES)!r}]"
+        got = ast.literal_eval(evaluate("counting", expression))
+        self.assertIs(type(got), list)
+        self.assertTrue(all(type(g) is list for g in got))
+        self.assertEqual(got, list(CASES.values()))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,3 @@
+def clamp(value, low, high):
+    """`value` limited to the range [low, high]."""
+    raise NotImplementedError

@@ -1,0 +1,3 @@
+def fizzbuzz(n):
+    """The FizzBuzz strings for 1 to n."""
+    raise NotImplementedError

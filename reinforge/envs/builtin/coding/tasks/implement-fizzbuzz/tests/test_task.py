@@ -1,0 +1,40 @@
+import ast
+import subprocess
+import sys
+import unittest
+
+
+def evaluate(module, expression):
+    """The repr of `expression`, computed in a fresh process that imports the candidate
+    `module` from /app (after the standard library). The candidate's code never runs in
+    this process, so it cannot end it early or change how the results are judged."""
+    script = f'import sys\nsys.path.append("/app")\nimport {module}\nprint(repr({expression}))'
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=30, cwd="/tmp"
+    )
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise AssertionError(f"exit code {result.returncode}: {result.stderr[-500:]}")
+    return lines[-1]
+
+
+
+
+def expected(n):
+    return [
+        "FizzBuzz" if i % 15 == 0 else "Fizz" if i % 3 == 0 else "Buzz" if i % 5 == 0 else str(i)
+        for i in range(1, n + 1)
+    ]
+
+
+class FizzBuzz(unittest.TestCase):
+    def test_cases(self):
+        sizes = [0, 1, 5, 15, 31]
+        got = ast.literal_eval(evaluate("fizzbuzz", f"[fizzbuzz.fizzbuzz(n) for n in {sizes!r}]"))
+        self.assertIs(type(got), list)
+        self.assertTrue(all(type(g) is list and all(type(s) is str for s in g) for g in got))
+        self.assertEqual(got, [expected(n) for n in sizes])
+
+
+if __name__ == "__main__":
+    unittest.main()

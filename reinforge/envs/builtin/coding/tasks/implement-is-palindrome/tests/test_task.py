@@ -1,0 +1,47 @@
+import ast
+import subprocess
+import sys
+import unittest
+
+
+def evaluate(module, expression):
+    """The repr of `expression`, computed in a fresh process that imports the candidate
+    `module` from /app (after the standard library). The candidate's code never runs in
+    this process, so it cannot end it early or change how the results are judged."""
+    script = f'import sys\nsys.path.append("/app")\nimport {module}\nprint(repr({expression}))'
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=30, cwd="/tmp"
+    )
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise AssertionError(f"exit code {result.returncode}: {result.stderr[-500:]}")
+    return lines[-1]
+
+
+
+
+CASES = {
+    "Racecar": True,
+    "A man, a plan, a canal: Panama!": True,
+    "hello": False,
+    "": True,
+    "x": True,
+    "No 'x' in Nixon": True,
+    "12321": True,
+    "123 45": False,
+    "ab": False,
+    "Was it a car or a cat I saw?": True,
+}
+
+
+class Palindrome(unittest.TestCase):
+    def test_cases(self):
+        expression = f"[palindrome.is_palindrome(t) for t in {list(CASES)!r}]"
+        got = ast.literal_eval(evaluate("palindrome", expression))
+        self.assertIs(type(got), list)
+        self.assertTrue(all(type(g) is bool for g in got))
+        self.assertEqual(got, list(CASES.values()))
+
+
+if __name__ == "__main__":
+    unittest.main()

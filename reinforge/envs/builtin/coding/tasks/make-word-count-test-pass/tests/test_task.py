@@ -1,0 +1,44 @@
+import ast
+import subprocess
+import sys
+import unittest
+
+
+def evaluate(module, expression):
+    """The repr of `expression`, computed in a fresh process that imports the candidate
+    `module` from /app (after the standard library). The candidate's code never runs in
+    this process, so it cannot end it early or change how the results are judged."""
+    script = f'import sys\nsys.path.append("/app")\nimport {module}\nprint(repr({expression}))'
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=30, cwd="/tmp"
+    )
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise AssertionError(f"exit code {result.returncode}: {result.stderr[-500:]}")
+    return lines[-1]
+
+
+
+
+CASES = {
+    "one two three": 3,
+    "  one   two\nthree\tfour  ": 4,
+    "": 0,
+    "   \n\t ": 0,
+    "word": 1,
+    "a\n\nb": 2,
+    "Hello, world! How are you?": 5,
+}
+
+
+class WordCount(unittest.TestCase):
+    def test_cases(self):
+        expression = f"[wordcount.count_words(t) for t in {list(CASES)!r}]"
+        got = ast.literal_eval(evaluate("wordcount", expression))
+        self.assertIs(type(got), list)
+        self.assertTrue(all(type(g) is int for g in got))
+        self.assertEqual(got, list(CASES.values()))
+
+
+if __name__ == "__main__":
+    unittest.main()

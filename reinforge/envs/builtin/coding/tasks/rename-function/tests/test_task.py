@@ -1,0 +1,36 @@
+import ast
+import subprocess
+import sys
+import unittest
+
+
+def evaluate(module, expression):
+    """The repr of `expression`, computed in a fresh process that imports the candidate
+    `module` from /app (after the standard library). The candidate's code never runs in
+    this process, so it cannot end it early or change how the results are judged."""
+    script = f'import sys\nsys.path.append("/app")\nimport {module}\nprint(repr({expression}))'
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=30, cwd="/tmp"
+    )
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise AssertionError(f"exit code {result.returncode}: {result.stderr[-500:]}")
+    return lines[-1]
+
+
+
+
+class Rename(unittest.TestCase):
+    def test_renamed(self):
+        expression = (
+            "(geometry.rectangle_area(3, 4), geometry.rectangle_area(2.5, 2),"
+            " geometry.square_area(5), hasattr(geometry, 'calc'))"
+        )
+        got = ast.literal_eval(evaluate("geometry", expression))
+        self.assertIs(type(got), tuple)
+        self.assertEqual(got, (12, 5.0, 25, False))
+        self.assertEqual([type(g) for g in got], [int, float, int, bool])
+
+
+if __name__ == "__main__":
+    unittest.main()
