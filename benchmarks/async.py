@@ -6,7 +6,7 @@ the same seed (so the same tasks at every step and the same grader delays for ev
 and the same settings but the mode. The modes run in interleaved rounds, their order
 rotating each round, because the shared machine drifts by 20% or more between minutes.
 
-From each run's metrics.jsonl, with step 0 left out (it starts with an empty pipeline, so
+From each run's metrics.jsonl, with the first step left out (it starts with an empty pipeline, so
 it measures the warm-up, not the steady state; model loading is outside `time.total_s`):
 trained samples per minute = 60 x sum(trained_samples) / sum(time.total_s), the mean step
 time, mean staleness, dropped groups, carried-over rollouts and the idle times of both
@@ -168,8 +168,8 @@ def main() -> None:
         "--steps",
         type=int,
         default=6,
-        help="per run; step 0 is left out, and step 1 of an async run trains groups "
-        "already finished, so fewer than ~6 overstates the asynchronous modes",
+        help="per run; the first step is left out, and the second step of an async run "
+        "trains groups already finished, so fewer than ~6 overstates the asynchronous modes",
     )
     parser.add_argument("--max-staleness", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
@@ -182,7 +182,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.steps < 2:
-        parser.error("--steps must be at least 2: step 0 is left out of the figures")
+        parser.error("--steps must be at least 2: the first step is left out of the figures")
 
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory(prefix="async-bench-") as temp:

@@ -299,8 +299,9 @@ def run_reinforge(args: argparse.Namespace, scratch: Path) -> SystemRun:
     lines = metrics_path.read_text().splitlines() if metrics_path.exists() else []
     for line in lines:
         metrics = json.loads(line)
-        step = metrics["step"]
-        rollouts = _reinforge_rollouts(run_dir / "trajectories" / f"step_{step:05d}.jsonl")
+        number = metrics["step"]  # counted from 1; this script counts steps from 0
+        rollouts = _reinforge_rollouts(run_dir / "trajectories" / f"step_{number:05d}.jsonl")
+        step = number - 1
         steps.append(
             Step(
                 step=step,

@@ -123,7 +123,7 @@ def test_a_killed_async_run_resumes_with_its_versions_and_staleness(tmp_path):
     resumed = subprocess.run([*argv, "--resume"], cwd=ROOT, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
     # Versions continue from the checkpoint (never restart at 0), so staleness stays bounded.
     assert [r["policy_version"] for r in rows] == [1, 2, 3, 4]
     assert all(0 <= r["staleness_max"] <= 1 for r in rows)

@@ -31,7 +31,7 @@ def test_a_tiny_run_writes_metrics_trajectories_and_loadable_checkpoints(tmp_pat
     assert process.wait(timeout=300) == 0, process.stderr.read()
     run = tmp_path / "tiny"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert [r["step"] for r in rows] == [1, 2, 3]
     for row in rows:
         assert set(row["time"]) == {
             "trainer_idle_s",
@@ -43,7 +43,7 @@ def test_a_tiny_run_writes_metrics_trajectories_and_loadable_checkpoints(tmp_pat
         assert row["staleness_max"] == 0 and row["dropped_stale"] == 0
         assert row["grad_norm"] > 0 and row["zero_variance_groups"] == 0
     assert [r["policy_version"] for r in rows] == [1, 2, 3]
-    assert len((run / "trajectories" / "step_00002.jsonl").read_text().splitlines()) == 16
+    assert len((run / "trajectories" / "step_00003.jsonl").read_text().splitlines()) == 16
     assert json.loads((run / "config.json").read_text())["run"]["steps"] == 3
     checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert checkpoints == ["step_00002", "step_00003"]
@@ -162,7 +162,7 @@ def test_a_killed_run_resumes_with_the_same_data_order(tmp_path):
     resumed = _train(killed_dir, "--resume")
     assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert _task_ids_by_step(killed_dir / "r") == _task_ids_by_step(tmp_path / "whole" / "r")
     whole_rows = (tmp_path / "whole" / "r" / "metrics.jsonl").read_text().splitlines()
     assert [r["policy_version"] for r in rows] == [

@@ -49,7 +49,7 @@ def test_a_terminal_gets_the_live_panel_with_curve_and_time_split():
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, color_system=None, width=120)
     with TrainView(console, steps=4) as view:
-        for step, reward in enumerate([0.0, 0.25, 0.5]):
+        for step, reward in enumerate([0.0, 0.25, 0.5], start=1):
             view.update(_row(step, reward))
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())  # cursor movement
     assert "3/4" in text and "reward ▁▅█" in text
@@ -60,8 +60,8 @@ def test_a_pipe_gets_one_plain_line_per_step():
     out = io.StringIO()
     console = Console(file=out, force_terminal=False, width=200)
     with TrainView(console, steps=2) as view:
-        view.update(_row(0, 0.0))
-        view.update(_row(1, 0.5))
+        view.update(_row(1, 0.0))
+        view.update(_row(2, 0.5))
     lines = out.getvalue().splitlines()
     assert len(lines) == 2 and lines[1].startswith("step    2/2  reward 0.500")
     assert "\x1b[" not in out.getvalue()
@@ -70,18 +70,18 @@ def test_a_pipe_gets_one_plain_line_per_step():
 def test_an_off_policy_step_shows_its_staleness():
     out = io.StringIO()
     console = Console(file=out, force_terminal=False, width=200)
-    row = {**_row(0, 0.0), "staleness_max": 1, "staleness_mean": 0.5, "dropped_stale": 2}
+    row = {**_row(1, 0.0), "staleness_max": 1, "staleness_mean": 0.5, "dropped_stale": 2}
     with TrainView(console, steps=1) as view:
         view.update(row)
     assert "stale 0.50/1  dropped 2  carried 0" in out.getvalue()
-    assert "stale" not in step_line(_row(0, 0.0), 1)
+    assert "stale" not in step_line(_row(1, 0.0), 1)
 
 
 def test_a_log_keeps_one_line_per_step_at_any_width():
     out = io.StringIO()
     console = Console(file=out, force_terminal=False, width=80)  # a pipe's default width
     with TrainView(console, steps=1) as view:
-        view.update(_row(0, 0.5))
+        view.update(_row(1, 0.5))
     assert len(out.getvalue().splitlines()) == 1 and len(out.getvalue()) > 80
 
 

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
     def show(metrics: dict[str, Any]) -> None:
         console.print(
-            f"step {metrics['step'] + 1:4d}/{config.run.steps}  epoch {metrics['epoch'] + 1}  "
+            f"step {metrics['step']:4d}/{config.run.steps}  epoch {metrics['epoch'] + 1}  "
             f"nll {metrics['nll']:.4f}  tokens {metrics['trained_tokens']:6.0f}  "
             f"grad {metrics['grad_norm']:7.3f}  lr {metrics['lr']:.2e}  "
             f"{metrics['time_s']:5.2f}s  {metrics['tokens_per_s']:7.0f} tok/s",

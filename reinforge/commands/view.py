@@ -69,7 +69,7 @@ def sparkline(values: list[float], width: int = 60) -> str:
 def step_line(metrics: dict[str, Any], steps: int) -> str:
     times = metrics["time"]
     return (
-        f"step {metrics['step'] + 1:4d}/{steps}  "
+        f"step {metrics['step']:4d}/{steps}  "
         f"reward {metrics['reward_mean']:.3f} ± {metrics['reward_std']:.3f}  "
         f"pass {metrics['pass_rate']:.2f}  "
         f"len {metrics['completion_tokens_mean']:5.1f}  "
@@ -125,7 +125,7 @@ class TrainView:
 
     def update(self, metrics: dict[str, Any]) -> None:
         self.rows.append(metrics)
-        self.progress.update(self.task, completed=metrics["step"] + 1)
+        self.progress.update(self.task, completed=metrics["step"])
         if self.console.is_terminal:
             self.live.update(self._render())
         else:
@@ -144,7 +144,7 @@ class TrainView:
             table.add_column(name, justify="right")
         for row in self.rows[-_RECENT:]:
             table.add_row(
-                str(row["step"] + 1),
+                str(row["step"]),
                 f"{row['reward_mean']:.3f}",
                 f"{row['pass_rate']:.2f}",
                 f"{row['completion_tokens_mean']:.1f}",

@@ -106,7 +106,7 @@ async def train(
             sampled = sum(t.completion_tokens for g in groups for t in g.trajectories)
             busy_s = total_s - rollout_idle_s
             metrics = step_metrics(
-                step,
+                step + 1,
                 summarize(groups, env.rubric.pass_threshold, trainer_idle_s),
                 selection,
                 trained,
@@ -123,7 +123,7 @@ async def train(
                 rollout_tokens_per_s=sampled / busy_s if busy_s > 0 else 0.0,
             )
             state = {"policy_version": engine.version, "loop": rollouts.position()}
-            recorder.record(step, metrics, trainer, state, groups)
+            recorder.record(step + 1, metrics, trainer, state, groups)
             on_step(metrics)
     finally:
         producer.cancel()

@@ -1,8 +1,10 @@
 """What a run leaves on disk: resolved config, metrics per step, trajectories, checkpoints.
 
 `runs/<name>/config.json`, `metrics.jsonl` (one line per step, flushed),
-`trajectories/step_00000.jsonl` (RL: the step's rollouts), and `checkpoints/step_00010/`
-in Hugging Face format (loadable by transformers and by vLLM). RL and SFT runs record the
+`trajectories/step_00001.jsonl` (RL: the step's rollouts), and `checkpoints/step_00010/`
+in Hugging Face format (loadable by transformers and by vLLM). Steps are numbered from 1
+everywhere (console, metrics, trajectories, checkpoints): step 10's checkpoint holds the
+weights after 10 steps. RL and SFT runs record the
 same way, so `--resume` and every tool that reads a run work on both.
 """
 
@@ -20,8 +22,9 @@ from reinforge.types import Group
 
 
 class RunRecorder:
-    """One run directory, from `start_step` (0, or the step a resumed run continues at) to
-    `config.run.steps`; a checkpoint every `run.checkpoint_every` steps and at the last."""
+    """One run directory, after `start_step` steps (0, or where a resumed run's checkpoint
+    left it) to `config.run.steps`; a checkpoint every `run.checkpoint_every` steps and at
+    the last."""
 
     def __init__(
         self, config: Config, tokenizer: PreTrainedTokenizerBase, start_step: int = 0
@@ -40,8 +43,9 @@ class RunRecorder:
         groups: list[Group] | None = None,
     ) -> None:
         """Step `step`'s rollouts (RL; None: no rollouts), its metrics line, and a
-        checkpoint when one is due. `state`: the loop's own entries of the checkpoint's
-        trainer state, beside the step and the trainer's, for resuming to restore or check."""
+        checkpoint when one is due. `step` counts from 1: the steps done after it.
+        `state`: the loop's own entries of the checkpoint's trainer state, beside the step
+        and the trainer's, for resuming to restore or check."""
         if groups is not None:
             path = self.directory / "trajectories" / f"step_{step:05d}.jsonl"
             path.parent.mkdir(exist_ok=True)
@@ -50,10 +54,9 @@ class RunRecorder:
                     out.write(trajectory.model_dump_json() + "\n")
         self._metrics.write(json.dumps(metrics) + "\n")
         self._metrics.flush()
-        done = step + 1
-        if done % self.config.run.checkpoint_every == 0 or done == self.config.run.steps:
-            state = {"step": done, **state, **trainer.state_dict()}
-            write_checkpoint(self.directory, done, trainer.model, self.tokenizer, state)
+        if step % self.config.run.checkpoint_every == 0 or step == self.config.run.steps:
+            state = {"step": step, **state, **trainer.state_dict()}
+            write_checkpoint(self.directory, step, trainer.model, self.tokenizer, state)
 
     def close(self) -> None:
         self._metrics.close()

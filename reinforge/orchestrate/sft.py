@@ -75,8 +75,8 @@ def train_sft(
             epoch, rows = steps[step]
             started = time.perf_counter()
             trained = trainer.step(train_batch([examples[row] for row in rows]))
-            metrics = _step_metrics(step, epoch, len(rows), trained, started)
-            recorder.record(step, metrics, trainer, {"examples": len(examples)})
+            metrics = _step_metrics(step + 1, epoch, len(rows), trained, started)
+            recorder.record(step + 1, metrics, trainer, {"examples": len(examples)})
             on_step(metrics)
     return run_dir
 

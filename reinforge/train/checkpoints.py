@@ -69,7 +69,7 @@ def open_run(run_dir: Path, config_json: str, start_step: int) -> TextIO:
         kept = [
             line
             for line in metrics.read_text(encoding="utf-8").splitlines()
-            if line.strip() and json.loads(line)["step"] < start_step
+            if line.strip() and json.loads(line)["step"] <= start_step
         ]
         metrics.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
     return metrics.open("a", encoding="utf-8")
