@@ -201,7 +201,7 @@ def test_the_fp32_sampler_shares_the_trainers_weights(tmp_path):
     # the second step's rollouts came from the weights the first step trained
     steps = [
         [json.loads(line) for line in (run / "trajectories" / f"step_{s:05d}.jsonl").open()]
-        for s in (0, 1)
+        for s in (1, 2)
     ]
     assert {v for t in steps[0] for v in t["policy_versions"]} == {0}
     assert {v for t in steps[1] for v in t["policy_versions"]} == {1}
