@@ -31,89 +31,26 @@ from typing import Any, Literal
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from reinforge.policy.chat import ChatFormat, TemplateError, parse_tool_calls
-from reinforge.policy.config import ServerConfig, Temperature, TopP
+from reinforge.policy.config import ServerConfig
 from reinforge.policy.engine import Completion, Engine
+from reinforge.policy.requests import (
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    SamplingRequest,
+    WeightsUpdate,
+    bad_request,
+    chat_messages,
+    checked_tools,
+)
 from reinforge.policy.sampling import SamplingParams
-from reinforge.types import Message
 
 log = logging.getLogger(__name__)
 _Json = dict[str, Any]  # a JSON object, as the OpenAI schema shapes it
-_ROLES = ("system", "developer", "user", "assistant", "tool")
-"""Message roles the server renders; `developer` (OpenAI's newer name) renders as system."""
-
-
-class APIError(Exception):
-    def __init__(
-        self, status: int, message: str, param: str | None = None, code: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-
-
-def _bad_request(message: str, param: str | None) -> APIError:
-    return APIError(400, message, param, "invalid_request")
-
-
-class _Sampling(BaseModel):
-    """Fields shared by both endpoints. Unknown OpenAI fields are accepted and ignored.
-    A setting left out takes the server's configured default (`ServerConfig`)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    model: str
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
-    n: int = Field(1, ge=1, le=64)
-    seed: int | None = None
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None
-    prompt_token_ids: list[int] | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _stop_list(cls, value: str | list[str] | None) -> list[str] | None:
-        if isinstance(value, str):
-            value = [value]
-        if value is not None and (len(value) > 4 or not all(value)):
-            raise ValueError("stop takes at most 4 non-empty strings")
-        return value
-
-    @property
-    def include_usage(self) -> bool:
-        return bool((self.stream_options or {}).get("include_usage"))
-
-
-class ChatRequest(_Sampling):
-    messages: list[dict[str, Any]] = Field(default_factory=list)
-    tools: list[dict[str, Any]] | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0)
-
-
-class WeightsUpdate(BaseModel):
-    """A trainer's new weights, handed over as a file on this machine (in memory under
-    /dev/shm where there is one): no tensor data crosses HTTP."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    path: str
-    """A safetensors file of the model's parameters, under their plain names."""
-    version: int = Field(ge=0)
-    """The policy version the trainer gives these weights; tokens sampled after the update
-    carry it."""
-
-
-class CompletionRequest(_Sampling):
-    prompt: str | list[int] = ""
-    logprobs: int | None = Field(None, ge=0)
 
 
 def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
@@ -225,7 +162,7 @@ class _Service:
             else (request.logprobs, "logprobs")
         )
         if alternatives:
-            raise _bad_request(
+            raise bad_request(
                 f"{param}={alternatives} is not supported: this server returns the log-prob "
                 f"of each sampled token only, without alternatives; send {param}=0 or leave "
                 "it out",
@@ -233,10 +170,10 @@ class _Service:
             )
 
     def chat_prompt(self, request: ChatRequest) -> list[int]:
-        messages, previous = _chat_messages(request.messages), request.prompt_token_ids
-        tools = _checked_tools(request.tools)
+        messages, previous = chat_messages(request.messages), request.prompt_token_ids
+        tools = checked_tools(request.tools)
         if previous is None and not messages:
-            raise _bad_request("messages must not be empty", "messages")
+            raise bad_request("messages must not be empty", "messages")
         try:
             if previous is None:
                 return self.chat_format.prompt_ids(messages, tools)
@@ -248,7 +185,7 @@ class _Service:
             ended_with_eos = bool(previous) and previous[-1] in self.engine.eos_ids
             return self.chat_format.continuation_ids(previous, messages[last + 1 :], ended_with_eos)
         except TemplateError as error:
-            raise _bad_request(str(error), "messages") from error
+            raise bad_request(str(error), "messages") from error
 
     def completion_prompt(self, request: CompletionRequest) -> list[int]:
         if request.prompt_token_ids is not None:
@@ -257,13 +194,13 @@ class _Service:
             return request.prompt
         return self.tokenizer.encode(request.prompt, add_special_tokens=False)
 
-    def sampling(self, request: _Sampling, prompt_ids: list[int]) -> list[SamplingParams]:
+    def sampling(self, request: SamplingRequest, prompt_ids: list[int]) -> list[SamplingParams]:
         """One setting per choice, checked against the prompt before anything is sampled
         (so that a stream never starts for a request that cannot be served)."""
         if not prompt_ids:
-            raise _bad_request("the prompt is empty", "prompt")
+            raise bad_request("the prompt is empty", "prompt")
         if any(not 0 <= t < len(self.tokenizer) for t in prompt_ids):
-            raise _bad_request(
+            raise bad_request(
                 "prompt_token_ids holds ids outside the vocabulary", "prompt_token_ids"
             )
         room = self.engine.max_context - len(prompt_ids)
@@ -513,81 +450,6 @@ class _Service:
             "prompt_token_ids": prompt_ids,
             "policy_version": self.engine.version,
         }
-
-
-def _chat_messages(raw: list[dict[str, Any]]) -> list[Message]:
-    """The messages as the chat template takes them: a known role and text content.
-
-    What the template cannot render is refused here with the field named, not left to
-    fail inside the template as "chat template failed".
-    """
-    return [_chat_message(f"messages[{i}]", message) for i, message in enumerate(raw)]
-
-
-def _chat_message(where: str, message: dict[str, Any]) -> Message:
-    role = message.get("role")
-    if role not in _ROLES:
-        known = ", ".join(repr(r) for r in _ROLES)
-        got = "none" if role is None else repr(role)
-        raise _bad_request(f"{where}.role must be one of {known}; got {got}", f"{where}.role")
-    # OpenAI lets an assistant message leave out its content (beside tool_calls).
-    content = _text_content(message.get("content"), f"{where}.content", role == "assistant")
-    given = {key: value for key, value in message.items() if value is not None}  # null: absent
-    normal = {**given, "role": "system" if role == "developer" else role, "content": content}
-    if role == "assistant" and message.get("tool_calls") is not None:
-        _check_tool_calls(message["tool_calls"], f"{where}.tool_calls")
-    return normal
-
-
-def _text_content(content: Any, where: str, optional: bool) -> str | None:
-    """String content as it is; OpenAI's list of parts as its text parts joined with a
-    newline (as vLLM joins them). Other parts (images, audio) have no tokens here."""
-    if isinstance(content, str) or (content is None and optional):
-        return content
-    if not isinstance(content, list):
-        raise _bad_request(f"{where} must be a string or a list of text parts", where)
-    texts: list[str] = []
-    for index, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind != "text":
-            raise _bad_request(
-                f"{where}[{index}].type is {kind!r}: only text content parts "
-                '({"type": "text", "text": ...}) are supported',
-                f"{where}[{index}].type",
-            )
-        if not isinstance(part.get("text"), str):
-            raise _bad_request(f"{where}[{index}].text must be a string", f"{where}[{index}].text")
-        texts.append(part["text"])
-    return "\n".join(texts)
-
-
-def _check_tool_calls(calls: Any, where: str) -> None:
-    if not isinstance(calls, list):
-        raise _bad_request(f"{where} must be a list of tool calls", where)
-    for index, call in enumerate(calls):
-        function = call.get("function") if isinstance(call, dict) else None
-        field = f"{where}[{index}].function"
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise _bad_request(f"{field} must be an object with a string name", field)
-        if not isinstance(function.get("arguments", ""), str | dict):
-            raise _bad_request(f"{field}.arguments must be a JSON string", f"{field}.arguments")
-
-
-def _checked_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """Tools in OpenAI's schema; one without a named function would reach the prompt as a
-    schema the policy cannot call."""
-    for index, tool in enumerate(tools or []):
-        where = f"tools[{index}]"
-        if tool.get("type", "function") != "function":
-            raise _bad_request(f"{where}.type must be 'function'", f"{where}.type")
-        function = tool.get("function")
-        if not isinstance(function, dict) or not function.get("name"):
-            raise _bad_request(
-                f'{where}.function must be an object with a name: {{"type": "function", '
-                '"function": {"name": ..., "parameters": {...}}}',
-                f"{where}.function",
-            )
-    return tools
 
 
 def _delta(

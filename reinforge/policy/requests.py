@@ -1,0 +1,158 @@
+"""What a request to the policy server may hold: the OpenAI-shaped request models and
+the checks on messages and tools that name the offending field in a 400."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from reinforge.policy.config import Temperature, TopP
+from reinforge.types import Message
+
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+"""Message roles the server renders; `developer` (OpenAI's newer name) renders as system."""
+
+
+class APIError(Exception):
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def bad_request(message: str, param: str | None) -> APIError:
+    return APIError(400, message, param, "invalid_request")
+
+
+class SamplingRequest(BaseModel):
+    """Fields shared by both endpoints. Unknown OpenAI fields are accepted and ignored.
+    A setting left out takes the server's configured default (`ServerConfig`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1, le=64)
+    seed: int | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    prompt_token_ids: list[int] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, value: str | list[str] | None) -> list[str] | None:
+        if isinstance(value, str):
+            value = [value]
+        if value is not None and (len(value) > 4 or not all(value)):
+            raise ValueError("stop takes at most 4 non-empty strings")
+        return value
+
+    @property
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+class ChatRequest(SamplingRequest):
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0)
+
+
+class WeightsUpdate(BaseModel):
+    """A trainer's new weights, handed over as a file on this machine (in memory under
+    /dev/shm where there is one): no tensor data crosses HTTP."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    """A safetensors file of the model's parameters, under their plain names."""
+    version: int = Field(ge=0)
+    """The policy version the trainer gives these weights; tokens sampled after the update
+    carry it."""
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[int] = ""
+    logprobs: int | None = Field(None, ge=0)
+
+
+def chat_messages(raw: list[dict[str, Any]]) -> list[Message]:
+    """The messages as the chat template takes them: a known role and text content.
+
+    What the template cannot render is refused here with the field named, not left to
+    fail inside the template as "chat template failed".
+    """
+    return [_chat_message(f"messages[{i}]", message) for i, message in enumerate(raw)]
+
+
+def _chat_message(where: str, message: dict[str, Any]) -> Message:
+    role = message.get("role")
+    if role not in _ROLES:
+        known = ", ".join(repr(r) for r in _ROLES)
+        got = "none" if role is None else repr(role)
+        raise bad_request(f"{where}.role must be one of {known}; got {got}", f"{where}.role")
+    # OpenAI lets an assistant message leave out its content (beside tool_calls).
+    content = _text_content(message.get("content"), f"{where}.content", role == "assistant")
+    given = {key: value for key, value in message.items() if value is not None}  # null: absent
+    normal = {**given, "role": "system" if role == "developer" else role, "content": content}
+    if role == "assistant" and message.get("tool_calls") is not None:
+        _check_tool_calls(message["tool_calls"], f"{where}.tool_calls")
+    return normal
+
+
+def _text_content(content: Any, where: str, optional: bool) -> str | None:
+    """String content as it is; OpenAI's list of parts as its text parts joined with a
+    newline (as vLLM joins them). Other parts (images, audio) have no tokens here."""
+    if isinstance(content, str) or (content is None and optional):
+        return content
+    if not isinstance(content, list):
+        raise bad_request(f"{where} must be a string or a list of text parts", where)
+    texts: list[str] = []
+    for index, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            raise bad_request(
+                f"{where}[{index}].type is {kind!r}: only text content parts "
+                '({"type": "text", "text": ...}) are supported',
+                f"{where}[{index}].type",
+            )
+        if not isinstance(part.get("text"), str):
+            raise bad_request(f"{where}[{index}].text must be a string", f"{where}[{index}].text")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _check_tool_calls(calls: Any, where: str) -> None:
+    if not isinstance(calls, list):
+        raise bad_request(f"{where} must be a list of tool calls", where)
+    for index, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        field = f"{where}[{index}].function"
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise bad_request(f"{field} must be an object with a string name", field)
+        if not isinstance(function.get("arguments", ""), str | dict):
+            raise bad_request(f"{field}.arguments must be a JSON string", f"{field}.arguments")
+
+
+def checked_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Tools in OpenAI's schema; one without a named function would reach the prompt as a
+    schema the policy cannot call."""
+    for index, tool in enumerate(tools or []):
+        where = f"tools[{index}]"
+        if tool.get("type", "function") != "function":
+            raise bad_request(f"{where}.type must be 'function'", f"{where}.type")
+        function = tool.get("function")
+        if not isinstance(function, dict) or not function.get("name"):
+            raise bad_request(
+                f'{where}.function must be an object with a name: {{"type": "function", '
+                '"function": {"name": ..., "parameters": {...}}}',
+                f"{where}.function",
+            )
+    return tools
