@@ -156,14 +156,13 @@ class _progress:
             transient=True,
         )
         self._task = self._bar.add_task("rollouts", total=total)
-        self._done, self._total = 0, total
         self._heartbeat = Heartbeat(console, self._line)
 
     def _line(self, elapsed_s: float) -> str:
-        return f"rollouts {self._done}/{self._total}, {elapsed_s:.0f} s"
+        task = self._bar.tasks[0]
+        return f"rollouts {task.completed:.0f}/{task.total:.0f}, {elapsed_s:.0f} s"
 
     def _advance(self, _trajectory: Any) -> None:
-        self._done += 1
         self._bar.advance(self._task)
 
     def __enter__(self) -> Any:
