@@ -86,6 +86,20 @@ class Trajectory(BaseModel):
     def completion_tokens(self) -> int:
         return sum(self.loss_mask)
 
+    @property
+    def sampled_turns(self) -> list[list[int]]:
+        """The token ids of each turn the policy sampled: the runs of 1 in the loss mask
+        (turns are apart by at least their chat template's tokens)."""
+        turns: list[list[int]] = []
+        previous = 0
+        for token, masked in zip(self.token_ids, self.loss_mask, strict=True):
+            if masked and not previous:
+                turns.append([])
+            if masked:
+                turns[-1].append(token)
+            previous = masked
+        return turns
+
 
 class Group(BaseModel):
     """The rollouts of one task; advantages are relative within the group."""

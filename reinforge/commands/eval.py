@@ -200,6 +200,9 @@ def _print_summary(console: Any, summary: dict[str, Any], out: Path) -> None:
         ("sampled tokens (mean)", f"{summary['sampled_tokens_mean']:.1f}"),
         ("sequence tokens (mean)", f"{summary['tokens_mean']:.1f}"),
         ("tool errors", str(summary["tool_errors"])),
+        ("loop rate", f"{summary['loop_rate']:.3f}"),
+        ("truncated by a loop (of truncated)", f"{summary['loop_truncation_rate']:.3f}"),
+        *_level_rows(summary["levels"]),
         ("status", ", ".join(f"{k} {v}" for k, v in sorted(summary["status"].items()))),
         ("sampled tokens/s", f"{summary['sampled_tokens_per_s']:.1f}"),
         ("wall time", f"{summary['wall_s']:.1f} s"),
@@ -208,3 +211,14 @@ def _print_summary(console: Any, summary: dict[str, Any], out: Path) -> None:
         table.add_row(name, value)
     Console().print(table)
     console.print(f"wrote {out / 'trajectories.jsonl'} and {out / 'summary.json'}")
+
+
+def _level_rows(levels: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
+    return [
+        (
+            f"level {name}: over budget, tokens, reward",
+            f"{level['over_budget_rate']:.3f}, {level['sampled_tokens_mean']:.1f}, "
+            f"{level['reward_mean']:.3f}",
+        )
+        for name, level in levels.items()
+    ]

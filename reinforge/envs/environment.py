@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reinforge.envs.episode import Episode
+from reinforge.envs.levels import ReasoningLevels
 from reinforge.envs.rubric import Rubric
 from reinforge.envs.tools import Tool, ToolResult
 from reinforge.policy.chat import parse_tool_calls
@@ -38,7 +39,8 @@ Step = Continue | Finished
 
 @dataclass
 class Harness:
-    """How the agent is driven: system prompt, tools, turn limit and token budgets."""
+    """How the agent is driven: system prompt, tools, turn limit, token limits, and the
+    reasoning levels varied per rollout."""
 
     system_prompt: str | None = None
     tools: Sequence[Tool] = ()
@@ -46,6 +48,8 @@ class Harness:
     max_tokens_per_turn: int = 256
     max_total_tokens: int | None = None
     """Sampled tokens over the whole episode; past it the episode ends as truncated."""
+    levels: ReasoningLevels | None = None
+    """Reasoning levels, one drawn per rollout and told to the model; None: none."""
 
     def initial_messages(self, task: Task) -> list[Message]:
         prompt = [dict(m) for m in task.prompt]

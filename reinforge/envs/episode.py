@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from reinforge.envs.levels import Level
 from reinforge.types import Message, Task
 
 
@@ -20,6 +21,11 @@ class Episode:
     tool_calls: int = 0
     tool_errors: int = 0
     truncated: bool = False
+    level: Level | None = None
+    """The reasoning level the rollout was given, when the run draws levels."""
+    sampled_token_ids: list[list[int]] = field(default_factory=list, repr=False)
+    """The token ids the policy sampled, one list per turn, filled in by the rollout
+    generator when the episode ends: what graders of length and repetition count."""
     resources: dict[str, Any] = field(default_factory=dict, repr=False)
     """Live per-episode objects (a sandbox); never serialised, released by `stop`."""
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from reinforge.envs.config import EnvConfig
 from reinforge.envs.environment import Environment
+from reinforge.envs.recipes import add_recipes
 from reinforge.errors import UsageError, describe
 from reinforge.types import Task
 
@@ -45,13 +46,14 @@ def load_environment(spec: str, **kwargs: Any) -> Environment:
 
 
 def load_configured(config: EnvConfig) -> Environment:
-    """The environment a config section names, with its per-turn token limit applied: the
-    one place a run's settings change an environment's harness."""
+    """The environment a config section names, with its per-turn token limit and the
+    recipes it asks for applied: the one place a run's settings change an environment."""
     environment = load_environment(config.name, **config.args)
     if config.max_tokens_per_turn is not None:
         environment.harness = replace(
             environment.harness, max_tokens_per_turn=config.max_tokens_per_turn
         )
+    add_recipes(environment, config)
     return environment
 
 

@@ -2,7 +2,9 @@
 
 The one convention: a `Reward` function takes the finished `Episode` and returns a float;
 a `GroupReward` function takes every episode of one task and returns one float each. Either
-may be async. A function that raises makes its episodes errors, never a silent 0.
+may be async. A function that raises makes its episodes errors, never a silent 0. An
+`Override` is a rule over one episode that, when it holds, sets the total outright: a
+broken promise (a token budget exceeded) costs the reward whatever the answer.
 """
 
 from __future__ import annotations
@@ -50,6 +52,20 @@ class GroupReward:
 
 
 @dataclass(frozen=True)
+class Override:
+    """When `fn` holds for an episode, its total is `total` whatever the other terms say;
+    reported among the rewards as 1 when it held, else 0. The first override to hold wins."""
+
+    fn: RewardFn
+    total: float = -1.0
+    name: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.name or self.fn.__name__
+
+
+@dataclass(frozen=True)
 class Scores:
     rewards: dict[str, float]
     total: float
@@ -58,7 +74,9 @@ class Scores:
 class Rubric:
     """Scores a group of episodes; `pass_threshold` decides pass@k (total >= threshold)."""
 
-    def __init__(self, *terms: Reward | GroupReward, pass_threshold: float = 1.0) -> None:
+    def __init__(
+        self, *terms: Reward | GroupReward | Override, pass_threshold: float = 1.0
+    ) -> None:
         keys = [term.key for term in terms]
         if len(set(keys)) != len(keys):
             raise ValueError(f"reward names must be unique, got {keys}")
@@ -91,14 +109,21 @@ class Rubric:
                     raise result
                 else:
                     values[index][term.key] = result
-        weights = {term.key: term.weight for term in self.terms}
         return [
-            error or Scores(row, sum(weights[k] * v for k, v in row.items()))
+            error or Scores(row, self._total(row))
             for row, error in zip(values, errors, strict=True)
         ]
 
+    def _total(self, row: dict[str, float]) -> float:
+        for term in self.terms:
+            if isinstance(term, Override) and row[term.key]:
+                return term.total
+        return sum(
+            term.weight * row[term.key] for term in self.terms if not isinstance(term, Override)
+        )
 
-async def _number(term: Reward, episode: Episode) -> float:
+
+async def _number(term: Reward | Override, episode: Episode) -> float:
     try:
         value = term.fn(episode)
         if inspect.isawaitable(value):

@@ -86,6 +86,10 @@ async def _rollout(
     seed: int | None,
     on_rollout: Callable[[Trajectory], None] | None,
 ) -> _Done:
+    # Drawn before the rollout's try: a level that cannot be drawn is the run's mistake
+    # (a task without the field its budget scales by), not one rollout's error.
+    levels = env.harness.levels
+    level = None if levels is None else levels.draw(task, f"{seed}/{task.id}/{index}")
     async with limit:
         episode_client = client.episode(env.harness.max_total_tokens, _seed(seed, task, index))
         started = time.perf_counter()
@@ -95,6 +99,9 @@ async def _rollout(
         episode: Episode | None = None
         try:
             episode = env.new_episode(task)
+            if level is not None:  # told by the harness, not by the environment
+                episode.level = level
+                episode.messages = level.tell(episode.messages)
             await asyncio.wait_for(env.rollout(episode_client, task, episode), timeout=timeout_s)
             trajectory.status = Status.TRUNCATED if episode.truncated else Status.OK
         except TimeoutError:
@@ -104,6 +111,8 @@ async def _rollout(
             trajectory.status = Status.ERROR
             trajectory.error = describe(error)
         _record(trajectory, episode_client, episode, time.perf_counter() - started)
+        if level is not None:
+            trajectory.info.update(reasoning_level=level.name, budget=level.budget)
     if on_rollout is not None:
         on_rollout(trajectory)
     finished = trajectory.status in (Status.OK, Status.TRUNCATED)
@@ -114,7 +123,8 @@ def _record(
     trajectory: Trajectory, client: EpisodeClient, episode: Episode | None, elapsed: float
 ) -> None:
     """What the rollout left, however it ended: an errored or timed-out one keeps its
-    conversation up to the failure, which is what its reader needs to debug it."""
+    conversation up to the failure, which is what its reader needs to debug it. A finished
+    episode gets the token ids the policy sampled, for its graders."""
     token_ids, mask, logprobs, versions = client.token_record()
     trajectory.token_ids, trajectory.loss_mask = token_ids, mask
     trajectory.logprobs, trajectory.policy_versions = logprobs, versions
@@ -122,6 +132,7 @@ def _record(
         generate_s=client.generate_s, env_s=max(elapsed - client.generate_s, 0.0), total_s=elapsed
     )
     if episode is not None:
+        episode.sampled_token_ids = trajectory.sampled_turns
         trajectory.messages = episode.messages
         trajectory.turns = episode.turns
         trajectory.tool_errors = episode.tool_errors
@@ -132,7 +143,8 @@ def _record(
 
 async def _score(env: Environment, task: Task, done: list[_Done], timeout_s: float) -> Group:
     """Score the rollouts that finished; a grader failure marks them errors, never 0. The
-    rubric gets the rollouts' time limit too: a hanging grader must not hold the run."""
+    rubric gets the rollouts' time limit too: a hanging grader must not hold the run. What
+    graders left in an episode's state (a judge's reasoning) joins its trajectory's info."""
     scorable = [d for d in done if d.episode is not None]
     started = time.perf_counter()
     episodes = [d.episode for d in scorable if d.episode is not None]
@@ -146,6 +158,8 @@ async def _score(env: Environment, task: Task, done: list[_Done], timeout_s: flo
         trajectory = item.trajectory
         trajectory.timings.score_s = elapsed / max(len(scorable), 1)
         trajectory.timings.total_s += trajectory.timings.score_s
+        if item.episode is not None:
+            trajectory.info.update(jsonable(item.episode.state))
         if isinstance(result, GraderError):
             trajectory.status, trajectory.error = Status.ERROR, str(result)
         else:

@@ -1,4 +1,5 @@
-"""Numbers that describe a set of groups: rewards, pass@k, turns, tokens, statuses."""
+"""Numbers that describe a set of groups: rewards, pass@k, turns, tokens, statuses, doom
+loops and reasoning levels."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from collections import Counter
 from math import comb
 from typing import Any
 
+from reinforge.envs.levels import level_metrics
+from reinforge.envs.loops import loop_rates
 from reinforge.types import Group, Status
 
 SCORED = (Status.OK, Status.TRUNCATED)
@@ -53,6 +56,8 @@ def summarize(groups: list[Group], pass_threshold: float, wall_s: float) -> dict
         "sampled_tokens_mean": _mean([t.completion_tokens for t in trajectories]),
         "tokens_mean": _mean([len(t.token_ids) for t in trajectories]),
         "tool_errors": sum(t.tool_errors for t in trajectories),
+        **loop_rates(trajectories),
+        "levels": level_metrics(trajectories),
         "status": {s.value: n for s, n in Counter(t.status for t in trajectories).items()},
         "wall_s": wall_s,
         "sampled_tokens_per_s": sampled / wall_s if wall_s > 0 else 0.0,

@@ -1,0 +1,89 @@
+"""The recipes as a user runs them: each example config trains on the tiny model, and the
+judge asks a real `reinforge serve`. A random judge writes no "Score: X", so its verdicts
+are errors, never 0: that the error carries the server's own words proves the round trip."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reinforge.envs.config import EnvConfig
+from reinforge.envs.judge import Criterion, JudgeConfig
+from reinforge.envs.registry import load_configured
+from reinforge.policy.client import PolicyClient
+from reinforge.policy.config import SamplingConfig
+from reinforge.rollout.config import RolloutConfig
+from reinforge.rollout.generator import generate_groups
+from reinforge.types import Status
+
+from .commands import LENGTH_ENV, ROOT, serving
+
+
+@pytest.fixture(scope="module")
+def judge_url() -> Iterator[str]:
+    with serving() as url:
+        yield f"{url}/v1"
+
+
+async def test_a_judge_behind_a_real_server(judge_url, tiny_engine):
+    judge = JudgeConfig(
+        url=judge_url,
+        model="tiny-random",
+        max_tokens=16,
+        criteria=[Criterion(name="polite", rubric="The reply is polite.")],
+    )
+    env = load_configured(EnvConfig(name=LENGTH_ENV, judge=judge))
+    client = PolicyClient.for_engine(tiny_engine, SamplingConfig())
+    (group,) = await generate_groups(env, env.tasks(1), client, RolloutConfig(), 2, 0)
+    for trajectory in group.trajectories:
+        assert trajectory.status == Status.ERROR and trajectory.reward is None
+        assert "reward 'polite' raised JudgeError: no 'Score: X' in the judge's reply" in (
+            trajectory.error or ""
+        )
+    unreachable = judge.model_copy(update={"url": "http://127.0.0.1:9/v1"})
+    env = load_configured(EnvConfig(name=LENGTH_ENV, judge=unreachable))
+    (group,) = await generate_groups(env, env.tasks(1), client, RolloutConfig(), 1, 0)
+    (trajectory,) = group.trajectories
+    assert trajectory.status == Status.ERROR
+    assert "the judge at http://127.0.0.1:9/v1 failed: Connection error" in (trajectory.error or "")
+
+
+@pytest.mark.parametrize("example", ["budgets", "doom_loop", "judge"])
+def test_the_recipe_examples_train_on_the_tiny_model(example, tmp_path, judge_url):
+    """`reinforge train examples/X.toml model.name=tiny-random run.steps=2`, with two tasks a
+    step of two rollouts to keep it short, and the judge pointed at the test's server."""
+    judge = [f"env.judge.url={judge_url}", "env.judge.model=tiny-random", "env.judge.max_tokens=16"]
+    result = subprocess.run(
+        [sys.executable, "-m", "reinforge", "train", f"examples/{example}.toml"]
+        + ["model.name=tiny-random", "run.steps=2", f"run.dir={tmp_path}"]
+        + ["rollout.tasks_per_step=2", "rollout.rollouts_per_task=2"]
+        + (judge if example == "judge" else []),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / example
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(0.0 <= r["loop_rate"] <= 1.0 for r in rows)
+    trajectories = _trajectories(run / "trajectories" / "step_00001.jsonl")
+    if example == "budgets":
+        assert set(rows[0]["levels"]) <= {"low", "medium", "high"} and rows[0]["levels"]
+        assert all(t["info"]["reasoning_level"] in rows[0]["levels"] for t in trajectories)
+        assert all("over_budget" in t["rewards"] for t in trajectories)
+    if example == "doom_loop":
+        assert all("looping" in t["rewards"] for t in trajectories)
+    if example == "judge":
+        assert rows[0]["errors"] == len(trajectories)  # a random judge gives no score
+        assert all("JudgeError" in t["error"] for t in trajectories)
+
+
+def _trajectories(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
