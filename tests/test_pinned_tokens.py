@@ -22,8 +22,8 @@ import pytest
 from .commands import ROOT, tiny_train
 
 PINNED = {
-    "main job": ["6887721bd2e231bb", "849cc59312f95b71", "884187105542b7cc"],
-    "length env": ["128f64684b729e6d", "dd40c1e00ae64071", "c3035efe8d74c291"],
+    "main job": ["1133816deae868d5", "8fdbd0796e3fbed4", "0bcc65d02258af60"],
+    "length env": ["df78faa0ebcf07d2", "0d541be6420b7300", "037daa5aa8016d76"],
 }
 
 

@@ -1,5 +1,5 @@
-"""The engine as its own process: `reinforge serve` taking weights from a trainer, and a
-training run that samples from it."""
+"""The engine as its own process: `reinforge serve` (the built-in engine or vLLM) taking
+weights from a trainer, and a training run that samples from it."""
 
 from __future__ import annotations
 
@@ -19,13 +19,17 @@ from reinforge.policy.models import load_model
 from reinforge.policy.server import create_app
 
 from .commands import ROOT, serving, tiny_train
+from .conftest import ENGINES, require_vllm
 
 TOKEN = "test-secret"
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    with serving(f"server.weights_token={TOKEN}") as url:
+@pytest.fixture(scope="module", params=ENGINES)
+def server(request: pytest.FixtureRequest) -> Iterator[str]:
+    """`reinforge serve` taking weights, on each engine in turn."""
+    if request.param == "vllm":
+        require_vllm()
+    with serving("--engine", request.param, f"server.weights_token={TOKEN}") as url:
         yield url
 
 

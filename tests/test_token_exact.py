@@ -1,4 +1,5 @@
-"""For every built-in environment: the token record is exactly what the engine sampled.
+"""For every built-in environment and engine: the token record is exactly what the engine
+sampled.
 
 Decoding a trajectory's tokens reproduces the conversation, and every sampled span is
 exactly one completion the engine produced for exactly the tokens before it.
@@ -29,13 +30,14 @@ def test_every_builtin_is_covered():
 
 
 @pytest.mark.parametrize("name", BUILTINS)
-async def test_builtin_trajectories_are_token_exact(name, tiny_engine, chat_format):
+async def test_builtin_trajectories_are_token_exact(name, any_engine, chat_format):
+    engine = any_engine.engine
     env = load_environment(name)
-    client = PolicyClient.for_engine(tiny_engine, SamplingConfig())
+    client = PolicyClient.for_engine(engine, SamplingConfig())
     env.harness.max_tokens_per_turn = 16
     groups = await generate_groups(env, env.tasks(3, seed=5), client, RolloutConfig(), 2, 5)
     sampled_for: dict[tuple[int, ...], list[list[int]]] = {}
-    for prompt, completion in tiny_engine.log:
+    for prompt, completion in engine.log:
         sampled_for.setdefault(tuple(prompt), []).append(completion.token_ids)
     for trajectory in (t for g in groups for t in g.trajectories):
         assert trajectory.error is None

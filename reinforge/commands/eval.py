@@ -23,6 +23,7 @@ ERRORS_EXIT = 3
 FLAGS = (
     Flag("--model", "model.name", "SPEC_OR_URL"),
     Flag("--model-name", "model.served_name", "NAME"),
+    Flag("--engine", "model.engine", "{builtin,vllm}"),
     Flag("--tasks", "eval.tasks", "N"),
     Flag("--rollouts", "eval.rollouts_per_task", "K"),
     Flag("--concurrency", "rollout.concurrency", "C"),
@@ -91,10 +92,10 @@ async def _run(config: EvalConfig, env: Any, out: Path) -> int:
             config.model.name, sampling, model=config.model.served_name
         )
     else:
-        from reinforge.policy.engine import Engine
+        from reinforge.policy.backends import load_engine
 
         with console.status(f"loading {config.model.name}"):
-            engine = Engine.from_spec(config.model.name, config.engine)
+            engine = load_engine(config.model, config.engine)
         client = PolicyClient.for_engine(engine, sampling)
     total = config.eval.tasks * config.eval.rollouts_per_task
     try:

@@ -13,6 +13,7 @@ from reinforge.config import ServeConfig
 
 FLAGS = (
     Flag("--model", "model.name", "SPEC"),
+    Flag("--engine", "model.engine", "{builtin,vllm}"),
     Flag("--host", "server.host", "HOST"),
     Flag("--port", "server.port", "PORT"),
     Flag("--dtype", "engine.dtype", "{float32,bfloat16}"),
@@ -29,10 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = load_with_flags(ServeConfig, args, FLAGS)
-    from reinforge.policy.engine import Engine
+    from reinforge.policy.backends import load_engine
     from reinforge.policy.server import serve
 
-    engine = Engine.from_spec(config.model.name, config.engine)
+    engine = load_engine(config.model, config.engine)
     try:
         serve(engine, config.server)
     finally:

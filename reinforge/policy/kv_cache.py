@@ -10,9 +10,11 @@ care: the next update sees a tensor that is not its room's view and makes new ro
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel
 from transformers.cache_utils import Cache, DynamicLayer
 
 ROOM = 64
@@ -35,6 +37,14 @@ class RoomyLayer(DynamicLayer):
         self.keys, self._key_room = _append(self.keys, self._key_room, key_states)
         self.values, self._value_room = _append(self.values, self._value_room, value_states)
         return self.keys, self.values
+
+
+def cache_argument(model: PreTrainedModel, cache: Cache) -> dict[str, Cache]:
+    """The cache as the model's forward names it: `cache` since transformers 5.24,
+    `past_key_values` before (vLLM's CPU build pins transformers below 5.20, and an
+    unknown keyword would be swallowed silently, decoding without the cache)."""
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: cache}
 
 
 def roomy_cache() -> Cache:

@@ -7,11 +7,12 @@ safetensors so later loads take well under a second.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -51,12 +52,7 @@ def load_model(
     if spec == TINY_MODEL:
         model, tokenizer = _tiny_random(), load_tokenizer(DEFAULT_MODEL)
     else:
-        folder = default_model_folder() if spec == DEFAULT_MODEL else Path(spec).expanduser()
-        if not (folder / "config.json").is_file():
-            raise UsageError(
-                f"unknown model {spec!r}: not one of {', '.join(BUILTIN_MODELS)} "
-                "and not a folder holding a Hugging Face model (config.json)"
-            )
+        folder = model_folder(spec)
         with quiet_progress():  # loading safetensors takes well under a second
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -79,42 +75,76 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(Path(spec).expanduser())
 
 
-def _tiny_random() -> PreTrainedModel:
-    """A two-layer Llama with SmolLM2's vocabulary, seeded so tests are repeatable."""
-    config = LlamaConfig(
+def _tiny_config() -> LlamaConfig:
+    """A two-layer Llama with SmolLM2's vocabulary. Heads of 32 dimensions: the smallest
+    vLLM's CPU attention kernels take."""
+    return LlamaConfig(
         vocab_size=49152,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
         max_position_embeddings=2048,
         tie_word_embeddings=True,
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=2,
     )
+
+
+def _tiny_random() -> PreTrainedModel:
+    """Seeded, so tests are repeatable."""
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        return LlamaForCausalLM(config)
+        return LlamaForCausalLM(_tiny_config())
+
+
+def model_folder(spec: str) -> Path:
+    """The Hugging Face folder of a spec, for engines that load from disk (vLLM); the
+    built-in models are written to the cache the first time."""
+    if spec == TINY_MODEL:  # named by its config, so a changed definition is saved anew
+        digest = hashlib.sha256(_tiny_config().to_json_string().encode()).hexdigest()[:8]
+        name = f"{TINY_MODEL}-{digest}"
+        return _cached_folder(name, lambda: (_tiny_random(), load_tokenizer(DEFAULT_MODEL)))
+    folder = default_model_folder() if spec == DEFAULT_MODEL else Path(spec).expanduser()
+    if not (folder / "config.json").is_file():
+        raise UsageError(
+            f"unknown model {spec!r}: not one of {', '.join(BUILTIN_MODELS)} "
+            "and not a folder holding a Hugging Face model (config.json)"
+        )
+    return folder
 
 
 def default_model_folder() -> Path:
     """The dequantized SmolLM2 folder in the cache, made from the shipped GGUF if absent."""
-    folder = cache_dir() / "models" / DEFAULT_MODEL
+    return _cached_folder(DEFAULT_MODEL, _dequantized_smollm2)
+
+
+def _dequantized_smollm2() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    gguf_dir = _gguf_dir()
+    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_SMOLLM2_GGUF)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_SMOLLM2_GGUF)
+    # The model is plain fp32 now; drop the GGUF marker so it can be saved.
+    del model.config.quantization_config
+    model.hf_quantizer = None
+    return model, tokenizer
+
+
+def _cached_folder(
+    name: str, make: Callable[[], tuple[PreTrainedModel, PreTrainedTokenizerBase]]
+) -> Path:
+    """`cache/models/<name>`, saved from `make()` if absent."""
+    folder = cache_dir() / "models" / name
     if (folder / "model.safetensors").is_file():
         return folder
-    gguf_dir = _gguf_dir()
+    model, tokenizer = make()
     folder.parent.mkdir(parents=True, exist_ok=True)
     # Written to a temporary sibling and renamed, so a crash never leaves half a model.
-    staging = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL}-", dir=folder.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=folder.parent))
     try:
-        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=_SMOLLM2_GGUF)
-        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=_SMOLLM2_GGUF)
-        # The model is plain fp32 now; drop the GGUF marker so it can be saved.
-        del model.config.quantization_config
-        model.hf_quantizer = None
-        model.save_pretrained(staging)
+        with quiet_progress():
+            model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         try:
             staging.rename(folder)

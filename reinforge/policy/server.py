@@ -34,9 +34,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from reinforge.policy.backends import SamplingEngine
 from reinforge.policy.chat import ChatFormat, TemplateError, parse_tool_calls
 from reinforge.policy.config import ServerConfig
-from reinforge.policy.engine import Completion, Engine
+from reinforge.policy.engine import Completion
 from reinforge.policy.requests import (
     APIError,
     ChatRequest,
@@ -53,7 +54,7 @@ log = logging.getLogger(__name__)
 _Json = dict[str, Any]  # a JSON object, as the OpenAI schema shapes it
 
 
-def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
+def create_app(engine: SamplingEngine, config: ServerConfig) -> FastAPI:
     """The FastAPI app; also mounted in-process (httpx ASGI transport) by PolicyClient."""
     app = FastAPI(title="reinforge policy server")
     service = _Service(engine, config)
@@ -119,7 +120,7 @@ class _Service:
     """The engine-bound work behind the completion routes, kept out of `create_app` so the
     app reads as wiring. Requests left without sampling settings take `config`'s."""
 
-    def __init__(self, engine: Engine, config: ServerConfig) -> None:
+    def __init__(self, engine: SamplingEngine, config: ServerConfig) -> None:
         self.engine, self.config = engine, config
         self.tokenizer, self.chat_format = engine.tokenizer, ChatFormat(engine.tokenizer)
 
@@ -529,7 +530,7 @@ def _error(status: int, message: str, param: str | None, code: str | None) -> JS
     return JSONResponse(status_code=status, content=_error_body(status, message, param, code))
 
 
-def serve(engine: Engine, config: ServerConfig) -> None:
+def serve(engine: SamplingEngine, config: ServerConfig) -> None:
     import uvicorn
 
     uvicorn.run(create_app(engine, config), host=config.host, port=config.port)

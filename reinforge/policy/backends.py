@@ -1,0 +1,49 @@
+"""The engines a policy samples with, behind one interface: the built-in transformers
+engine and vLLM. The server, the in-process client and the trainer's weight sync see only
+this interface, so an environment, an eval or a run does not know which one samples."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from reinforge.policy.config import EngineConfig, ModelConfig
+from reinforge.policy.engine import Completion, Engine, EngineStats
+from reinforge.policy.sampling import SamplingParams
+
+
+class SamplingEngine(Protocol):
+    name: str
+    tokenizer: PreTrainedTokenizerBase
+    max_context: int
+    """Prompt and completion tokens together."""
+    eos_ids: set[int]
+    version: int
+    """The policy version of the weights that sample now."""
+    stats: EngineStats
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion: ...
+
+    def update_weights(self, state: Mapping[str, torch.Tensor], version: int | None = None) -> int:
+        """New weights (Hugging Face names) between two decode steps; returns the new
+        version: `version`, else the next one. Tokens sampled after it carry it, and each
+        comes wholly from the new weights."""
+        ...
+
+    def paused(self) -> AbstractContextManager[None]:
+        """Hold decoding for the body; the version does not change."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def load_engine(model: ModelConfig, config: EngineConfig) -> SamplingEngine:
+    if model.engine == "vllm":
+        from reinforge.policy.vllm_engine import VllmEngine
+
+        return VllmEngine.from_spec(model.name, config)
+    return Engine.from_spec(model.name, config)

