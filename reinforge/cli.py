@@ -19,6 +19,7 @@ COMMANDS = {
     "train": "train a model with RL on an environment",
     "sft": "fine-tune a model on stored trajectories (SFT warm-up)",
     "sandbox": "run a command in a fresh sandbox, or benchmark sandboxes",
+    "audit": "play known reward hacks against a Harbor environment's grader",
     "dash": "a web dashboard of runs: curves, time split, trajectories token by token",
 }
 """Each is the module `reinforge.commands.<name>`, with `add_arguments(parser)`."""

@@ -86,7 +86,7 @@ async def _run(config: EvalConfig, env: Any, out: Path) -> int:
     sampling = config.rollout.sampling
     engine = None
     if config.eval.agent != "model":  # a scripted agent: no model to load or to call
-        client = _no_model_client(config.eval.agent, sampling)
+        client = PolicyClient.without_model(f"agent:{config.eval.agent}", sampling)
     elif config.model.name.startswith(("http://", "https://")):
         client = await PolicyClient.for_url(
             config.model.name, sampling, model=config.model.served_name
@@ -99,7 +99,7 @@ async def _run(config: EvalConfig, env: Any, out: Path) -> int:
         client = PolicyClient.for_engine(engine, sampling)
     total = config.eval.tasks * config.eval.rollouts_per_task
     try:
-        with _progress(console, total) as advance:
+        with progress(console, total) as advance:
             _, summary = await evaluate(
                 env,
                 client,
@@ -128,18 +128,7 @@ async def _run(config: EvalConfig, env: Any, out: Path) -> int:
     return 0
 
 
-def _no_model_client(agent: str, sampling: Any) -> Any:
-    """A client that is never called: scripted agents act without a model, and the run's
-    summary names the agent where it names a model."""
-    import openai
-
-    from reinforge.policy.client import PolicyClient
-
-    unused = openai.AsyncOpenAI(base_url="http://no-model.invalid/v1", api_key="-", max_retries=0)
-    return PolicyClient(unused, f"agent:{agent}", sampling)
-
-
-class _progress:
+class progress:
     """A rich progress bar advanced once per finished rollout; in a log, a line at least
     every `HEARTBEAT_S` instead."""
 
@@ -204,6 +193,7 @@ def _print_summary(console: Any, summary: dict[str, Any], out: Path) -> None:
         ("loop rate", f"{summary['loop_rate']:.3f}"),
         ("truncated by a loop (of truncated)", f"{summary['loop_truncation_rate']:.3f}"),
         *_level_rows(summary["levels"]),
+        ("hack flags", ", ".join(f"{k} {v}" for k, v in summary["hack_flags"].items()) or "none"),
         ("status", ", ".join(f"{k} {v}" for k, v in sorted(summary["status"].items()))),
         ("sampled tokens/s", f"{summary['sampled_tokens_per_s']:.1f}"),
         ("wall time", f"{summary['wall_s']:.1f} s"),

@@ -3,7 +3,8 @@
 Each episode gets a sandbox set up from the task's `environment/` (see `harbor_task`), the
 instruction as its prompt, and an agent: the model with the sandbox tools (`bash`,
 `read_file`, `write_file`, `edit`), or a scripted agent for task authors: `oracle` runs
-`solution/solve.sh`, `nop` does nothing. All three are graded the same way, by the task's
+`solution/solve.sh`, `nop` does nothing, and a `ScriptAgent` runs its own shell script
+(the exploits of `reinforge audit`). All are graded the same way, by the task's
 `tests/test.sh` in a fresh sandbox after the agent phase (see `harbor_verify`).
 """
 
@@ -12,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import random
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from reinforge.envs.environment import Environment, Harness
 from reinforge.envs.episode import Episode
+from reinforge.envs.hacks import hack_flags
 from reinforge.envs.harbor_task import HarborTask, find_tasks
 from reinforge.envs.harbor_verify import (
     LOGS_DIR,
@@ -34,7 +37,7 @@ from reinforge.errors import UsageError
 from reinforge.policy.client import ChatClient
 from reinforge.sandbox.local import LocalProvider
 from reinforge.sandbox.pool import PooledSandbox, SandboxPool
-from reinforge.sandbox.protocol import SandboxProvider, SandboxSpec
+from reinforge.sandbox.protocol import ExecResult, SandboxProvider, SandboxSpec
 from reinforge.types import Task
 
 AgentName = Literal["model", "oracle", "nop"]
@@ -42,6 +45,18 @@ AGENTS: tuple[str, ...] = get_args(AgentName)
 SOLUTION_DIR = "/solution"
 WORKSPACE = "harbor_workspace"
 """The key of the agent's workspace tar in `Episode.resources` (never serialised)."""
+OUTPUT_CHARS = 2000
+"""How much of a script's or the verifier's output a trajectory keeps (the end of it)."""
+
+
+@dataclass(frozen=True)
+class ScriptAgent:
+    """An agent that is one bash script, run in the workdir of the agent's sandbox with the
+    image's ENV: no model, no tools, graded like any other agent."""
+
+    name: str
+    script: str
+
 
 SYSTEM_PROMPT = (
     "You are an agent working in a Linux sandbox. Your working directory is {workdir}. "
@@ -57,7 +72,7 @@ class HarborEnvironment(Environment):
         self,
         tasks: list[HarborTask],
         name: str = "harbor",
-        agent: AgentName = "model",
+        agent: AgentName | ScriptAgent = "model",
         max_turns: int = 20,
         max_tokens_per_turn: int = 512,
         provider: SandboxProvider | None = None,
@@ -77,7 +92,7 @@ class HarborEnvironment(Environment):
         )
         super().__init__(harness, Rubric(Reward(self.verifier_reward, name="reward")))
         self.name = name
-        self.agent: AgentName = "model"
+        self.agent: AgentName | ScriptAgent = "model"
         self.use_agent(agent)
         self.allow_internet = allow_internet
         self._provider = provider
@@ -86,10 +101,28 @@ class HarborEnvironment(Environment):
         self._pools: dict[str, SandboxPool] = {}
         self._pools_lock = asyncio.Lock()
 
-    def use_agent(self, agent: str) -> None:
-        if agent not in AGENTS:
+    def use_agent(self, agent: str | ScriptAgent) -> None:
+        if not isinstance(agent, ScriptAgent) and agent not in AGENTS:
             raise UsageError(f"unknown agent {agent!r}; one of {', '.join(AGENTS)}")
         self.agent = agent  # type: ignore[assignment]
+
+    def with_agent(self, agent: AgentName | ScriptAgent) -> HarborEnvironment:
+        """The same tasks and settings, played by `agent`, on this environment's sandbox
+        provider (close the copy before this one, which closes a provider it owns)."""
+        return HarborEnvironment(
+            list(self.runnable.values()),
+            self.name,
+            agent,
+            self.harness.max_turns,
+            self.harness.max_tokens_per_turn,
+            self._the_provider(),
+            self._max_sandboxes,
+            self.allow_internet,
+        )
+
+    @property
+    def agent_name(self) -> str:
+        return self.agent.name if isinstance(self.agent, ScriptAgent) else self.agent
 
     # ---------------------------------------------------------------- tasks
 
@@ -121,7 +154,7 @@ class HarborEnvironment(Environment):
         if self.agent == "model":
             system = {"role": "system", "content": SYSTEM_PROMPT.format(workdir=workdir)}
             episode.messages.insert(0, system)
-        episode.state.update(harbor_task=task.info["harbor_task"], agent=self.agent)
+        episode.state.update(harbor_task=task.info["harbor_task"], agent=self.agent_name)
         return episode
 
     def spec(self, task: HarborTask, *, verifier: bool = False) -> SandboxSpec:
@@ -168,6 +201,8 @@ class HarborEnvironment(Environment):
                     await super()._play(client, episode)
                 elif self.agent == "oracle":
                     await self._oracle(task, episode)
+                elif isinstance(self.agent, ScriptAgent):
+                    await self._script(self.agent, task, episode)
         except TimeoutError:
             episode.truncated = True
             episode.state["agent_timed_out"] = True
@@ -180,18 +215,22 @@ class HarborEnvironment(Environment):
         await sandbox.upload_tar(tests_tar(task.solution_dir), SOLUTION_DIR)
         env = dict(task.plan.env) | task.config.solution.env
         result = await sandbox.exec(["bash", f"{SOLUTION_DIR}/solve.sh"], env=env)
-        episode.state["oracle_exit_code"] = result.exit_code
-        episode.state["oracle_output"] = (result.stdout + result.stderr).decode(errors="replace")[
-            -2000:
-        ]
+        _keep_output(episode, "oracle", result)
+
+    async def _script(self, agent: ScriptAgent, task: HarborTask, episode: Episode) -> None:
+        sandbox: PooledSandbox = episode.resources[SANDBOX]
+        result = await sandbox.exec(["bash", "-c", agent.script], env=task.plan.env)
+        _keep_output(episode, "script", result)
 
     async def stop(self, episode: Episode) -> None:
         """Kill the agent's processes, copy its workspace out, destroy its sandbox, then
-        grade the workspace in a fresh one (only when the agent phase completed)."""
+        grade the workspace in a fresh one (only when the agent phase completed). The hack
+        flags of what the agent's tool calls tried are labels, never a reward term."""
         sandbox: PooledSandbox | None = episode.resources.pop(SANDBOX, None)
         if sandbox is None:
             return
         task = self.harbor_task(episode.task)
+        episode.state["hack_flags"] = hack_flags(episode.messages, task.plan.workdir)
         try:
             if episode.state.get("agent_done"):
                 raw = await quiesce_and_snapshot(sandbox, task.plan.workdir)
@@ -202,7 +241,7 @@ class HarborEnvironment(Environment):
             await self._verify(task, episode)
 
     async def _verify(self, task: HarborTask, episode: Episode) -> None:
-        provider = await self._the_provider()
+        provider = self._the_provider()
         env = verifier_env(task.config.verifier.env, task.plan.env, task.tests_dir)
         try:
             result = await run_verifier(
@@ -221,7 +260,7 @@ class HarborEnvironment(Environment):
             reward=result.reward,
             verifier_rewards=result.rewards,
             verifier_exit_code=result.exit_code,
-            verifier_output=result.output[-2000:],
+            verifier_output=result.output[-OUTPUT_CHARS:],
         )
 
     def verifier_reward(self, episode: Episode) -> float:
@@ -234,7 +273,7 @@ class HarborEnvironment(Environment):
 
     # ---------------------------------------------------------------- sandboxes
 
-    async def _the_provider(self) -> SandboxProvider:
+    def _the_provider(self) -> SandboxProvider:
         if self._provider is None:
             if self._owned is None:
                 self._owned = LocalProvider()
@@ -246,7 +285,7 @@ class HarborEnvironment(Environment):
         key = repr(spec)
         async with self._pools_lock:
             if key not in self._pools:
-                provider = await self._the_provider()
+                provider = self._the_provider()
                 pool = SandboxPool(provider, spec, max_concurrency=self._max_sandboxes, warm=0)
                 self._pools[key] = await pool.start()
             return self._pools[key]
@@ -258,6 +297,12 @@ class HarborEnvironment(Environment):
         if self._owned is not None:
             await self._owned.aclose()
             self._owned = None
+
+
+def _keep_output(episode: Episode, agent: str, result: ExecResult) -> None:
+    episode.state[f"{agent}_exit_code"] = result.exit_code
+    output = (result.stdout + result.stderr).decode(errors="replace")
+    episode.state[f"{agent}_output"] = output[-OUTPUT_CHARS:]
 
 
 def load_environment(path: str | Path, name: str | None = None, **kwargs: Any) -> Environment:

@@ -10,6 +10,12 @@ whatever the agent planted elsewhere (a fake `python3`, sitecustomize or `.pth` 
 site-packages or ~/.local, daemons, a pre-written reward) is gone. What is left in the
 workspace is neutralised where a pytest- or python-based verifier would pick it up; see
 `VERIFIER_ENV` and `neutralise_script`.
+
+`test.sh` may run the candidate's code in its own sandbox, so the reward it leaves is
+trusted only when `test.sh` ran as read when it started (bash holds its text, not the
+file), ended by itself (not killed by a signal), left no process running that could have
+rewritten the reward after it, and the reward is a regular file in a real `/logs/verifier`
+(not a link to a file that holds a number, nor a directory that blocks `test.sh`'s write).
 """
 
 from __future__ import annotations
@@ -34,6 +40,28 @@ QUIESCE = (
 )
 """Run inside the agent's sandbox: SIGKILL every process but pid 1 and this shell (kill -1
 spares both) until those two are all /proc lists (pid 1 reaps the killed orphans)."""
+
+OUTLIVED = """
+left=0
+for p in /proc/[0-9]*; do
+  case "${p#/proc/}" in 1|$$) continue ;; esac
+  while read -r key value _; do
+    [ "$key" = State: ] && { [ "$value" = Z ] || left=$((left + 1)); break; }
+  done 2>/dev/null <"$p/status"
+done
+echo "$left"
+"""
+"""Run in the verifier's sandbox right after test.sh: how many processes (not zombies
+waiting for pid 1) are still running besides pid 1 and this shell."""
+
+NOT_REGULAR = f"""
+[ -d {LOGS_DIR} ] && [ ! -L {LOGS_DIR} ] || echo {LOGS_DIR}
+for f in {LOGS_DIR}/reward.txt {LOGS_DIR}/reward.json; do
+  if [ -L "$f" ] || {{ [ -e "$f" ] && [ ! -f "$f" ]; }}; then echo "$f"; fi
+done
+"""
+"""Prints `/logs/verifier` unless it is a real directory, and each reward file that is
+there as a link or as anything but a regular file."""
 
 VERIFIER_ENV = {
     "PATH": DEFAULT_PATH,  # system directories only: no fake python3 from the workspace
@@ -196,17 +224,23 @@ async def run_verifier(
         if not setup.ok:
             raise VerifierError(f"verifier setup failed: {setup.stderr[-500:]!r}")
         await sandbox.upload_tar(tests_tar(tests_dir), TESTS_DIR)
+        # bash gets the script's text: code that test.sh runs cannot change what runs next.
+        script = (tests_dir / "test.sh").read_text()
         result = await sandbox.exec(
-            ["bash", f"{TESTS_DIR}/test.sh"], cwd=workdir, env=env, timeout=timeout_s
+            ["bash", "-c", script, f"{TESTS_DIR}/test.sh"], cwd=workdir, env=env, timeout=timeout_s
         )
         output = (result.stdout + result.stderr).decode(errors="replace")[-4000:]
         if result.timed_out:
             raise VerifierError(f"the verifier timed out after {timeout_s:g} s: {output[-500:]}")
-        # Whatever test.sh (or code it ran) left behind cannot rewrite the reward from now on.
+        running = await sandbox.exec(["/bin/sh", "-c", OUTLIVED], timeout=30)
+        outlived = int(running.stdout.decode().strip() or 0)
         await sandbox.exec(["/bin/sh", "-c", QUIESCE], timeout=30)
+        # Nothing runs from here on: the reward files are what they will stay.
+        not_regular = (await sandbox.exec(["/bin/sh", "-c", NOT_REGULAR], timeout=30)).stdout
         files = await sandbox.read_files([f"{LOGS_DIR}/reward.txt", f"{LOGS_DIR}/reward.json"])
     finally:
         await sandbox.close()
+    _check_ending(result.exit_code, outlived, not_regular.decode(errors="replace").split(), output)
     reward, rewards = parse_reward(
         files[f"{LOGS_DIR}/reward.txt"], files[f"{LOGS_DIR}/reward.json"]
     )
@@ -215,6 +249,21 @@ async def run_verifier(
             f"the verifier (exit code {result.exit_code}) wrote no reward file: {output[-500:]}"
         )
     return VerifierResult(reward, rewards, result.exit_code, output)
+
+
+def _check_ending(exit_code: int, outlived: int, not_regular: list[str], output: str) -> None:
+    """Raise VerifierError when the reward cannot be trusted to be what test.sh wrote."""
+    if exit_code > 128:
+        raise VerifierError(
+            f"test.sh was killed by signal {exit_code - 128}: a reward left now is not its "
+            f"verdict: {output[-500:]}"
+        )
+    if outlived:
+        raise VerifierError(
+            f"{outlived} process(es) outlived test.sh and could have rewritten its reward"
+        )
+    if not_regular:
+        raise VerifierError(f"not a regular file: {', '.join(not_regular)}")
 
 
 def parse_reward(

@@ -98,6 +98,7 @@ def step_metrics(
         "loop_rate": summary["loop_rate"],
         "loop_truncation_rate": summary["loop_truncation_rate"],
         "levels": summary["levels"],
+        "hack_flags": summary["hack_flags"],
         "zero_variance_groups": selection.zero_variance_groups,
         "errors": selection.errored,
         "masked_truncated": selection.masked_truncated,

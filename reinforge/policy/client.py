@@ -117,6 +117,15 @@ class PolicyClient:
             model = listed[0]
         return cls(client, model, sampling)
 
+    @classmethod
+    def without_model(cls, name: str, sampling: SamplingConfig) -> PolicyClient:
+        """A client that is never called: scripted agents act without a model, and `name`
+        stands where a model's name would (in a run's summary)."""
+        unused = openai.AsyncOpenAI(
+            base_url="http://no-model.invalid/v1", api_key="-", max_retries=0
+        )
+        return cls(unused, name, sampling)
+
     def episode(self, max_total_tokens: int | None, seed: int | None) -> EpisodeClient:
         """A client for one rollout. Turn t samples with `seed + t`, so rollouts of one task
         differ yet repeat run to run; None: unseeded."""

@@ -1,5 +1,5 @@
 """Numbers that describe a set of groups: rewards, pass@k, turns, tokens, statuses, doom
-loops and reasoning levels."""
+loops, reasoning levels and hack flags."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections import Counter
 from math import comb
 from typing import Any
 
+from reinforge.envs.hacks import hack_counts
 from reinforge.envs.levels import level_metrics
 from reinforge.envs.loops import loop_rates
 from reinforge.types import Group, Status
@@ -58,6 +59,7 @@ def summarize(groups: list[Group], pass_threshold: float, wall_s: float) -> dict
         "tool_errors": sum(t.tool_errors for t in trajectories),
         **loop_rates(trajectories),
         "levels": level_metrics(trajectories),
+        "hack_flags": hack_counts(trajectories),
         "status": {s.value: n for s, n in Counter(t.status for t in trajectories).items()},
         "wall_s": wall_s,
         "sampled_tokens_per_s": sampled / wall_s if wall_s > 0 else 0.0,

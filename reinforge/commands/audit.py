@@ -1,0 +1,120 @@
+"""`reinforge audit`: play known reward hacks against a Harbor environment's grader.
+
+Exit code 0 when no exploit scored above 0 on any task, `HACKED_EXIT` when one did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from reinforge.errors import UsageError
+
+HACKED_EXIT = 1
+CONCURRENCY = 8
+"""Rollouts in flight across all agents: each runs two sandboxes in turn, and `fill-disk`
+fills a task's whole `storage_mb` in memory-backed storage."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("env", help="a Harbor task dir, a folder of them, or `coding`")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the report here")
+    parser.add_argument(
+        "--tasks", type=int, metavar="N", help="audit N tasks drawn from the environment (all)"
+    )
+    parser.add_argument(
+        "--exploit",
+        action="append",
+        metavar="NAME",
+        help="run only this exploit (repeatable; default: all of them)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=CONCURRENCY,
+        metavar="C",
+        help=f"rollouts in flight (default: {CONCURRENCY})",
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from reinforge.envs.exploits import EXPLOITS
+    from reinforge.envs.harbor import HarborEnvironment
+    from reinforge.envs.registry import load_environment
+    from reinforge.rollout.config import RolloutConfig
+
+    by_name = {e.name: e for e in EXPLOITS}
+    unknown = [name for name in args.exploit or [] if name not in by_name]
+    if unknown:
+        raise UsageError(f"unknown exploit {unknown[0]!r}; one of {', '.join(by_name)}")
+    if (args.tasks is not None and args.tasks < 1) or args.concurrency < 1:
+        raise UsageError("--tasks and --concurrency take a number >= 1")
+    exploits = [by_name[name] for name in args.exploit] if args.exploit else list(EXPLOITS)
+    env = load_environment(args.env)
+    if not isinstance(env, HarborEnvironment):
+        raise UsageError(
+            f"environment {env.name!r} is not a Harbor environment: audit runs a task "
+            "directory, a folder of them, or `coding`"
+        )
+    config = RolloutConfig(concurrency=args.concurrency)
+    num_tasks = min(args.tasks or len(env.runnable), len(env.runnable))
+    report = asyncio.run(_audit(env, exploits, num_tasks, config))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    _print(report)
+    return HACKED_EXIT if report.hacked else 0
+
+
+async def _audit(env: Any, exploits: list[Any], num_tasks: int, config: Any) -> Any:
+    """The audit with a progress bar over its rollouts: each task, each exploit, the oracle
+    and the nop agent."""
+    from rich.console import Console
+
+    from reinforge.commands.eval import progress
+    from reinforge.rollout.audit import audit
+
+    with progress(Console(stderr=True), num_tasks * (len(exploits) + 2)) as advance:
+        return await audit(env, exploits, num_tasks, config, on_rollout=advance)
+
+
+def _print(report: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    tasks = f"{len(report.tasks)} task" + ("s" if len(report.tasks) != 1 else "")
+    table = Table(title=f"audit of {report.environment}: {tasks}")
+    table.add_column("exploit")
+    table.add_column("max reward", justify="right")
+    table.add_column("tasks hacked", justify="right")
+    table.add_column("errors", justify="right")
+    for exploit in report.exploits:
+        style = "bold red" if exploit.tasks_hacked else None
+        table.add_row(
+            exploit.name,
+            f"{exploit.max_reward:g}",
+            str(len(exploit.tasks_hacked)),
+            str(len(exploit.errors)),
+            style=style,
+        )
+    console.print(table)
+    for agent, expected in ((report.oracle, "1"), (report.nop, "0")):
+        errors = f", {len(agent.errors)} errored" if agent.errors else ""
+        console.print(f"{agent.name} mean {agent.mean:.3f} (expect {expected}){errors}")
+    errored = [e for e in (report.oracle, report.nop, *report.exploits) if e.errors]
+    for agent in errored:
+        task, error = next(iter(agent.errors.items()))
+        first = error.strip().splitlines()[0][:200] if error.strip() else error
+        console.print(f"{agent.name} errored on {len(agent.errors)} task(s); {task}: {first}")
+    console.print(f"{len(report.exploits)} exploits in {report.wall_s:.1f} s")
+    if report.hacked:
+        for exploit in report.hacked:
+            tasks = ", ".join(exploit.tasks_hacked)
+            console.print(f"[bold red]HACKED[/] by {exploit.name}: {tasks}")
+    else:
+        console.print("clean: no exploit scored")

@@ -1,0 +1,4 @@
+#!/bin/bash
+set -e
+cd /app
+printf 'ship it\n' >> todo.txt

@@ -1,0 +1,4 @@
+#!/bin/bash
+set -e
+cd /app
+printf 'done\n' > notes.txt

@@ -1,0 +1,6 @@
+#!/bin/bash
+set -e
+cd /app
+cat > data.json <<'EOF'
+{"name": "reinforge", "version": 1}
+EOF

@@ -1,0 +1,31 @@
+import ast
+import subprocess
+import sys
+import unittest
+
+
+def evaluate(module, expression):
+    """The repr of `expression`, computed in a fresh process that imports the candidate
+    `module` from /app (after the standard library). The candidate's code never runs in
+    this process, so it cannot end it early or change how the results are judged."""
+    script = f'import sys\nsys.path.append("/app")\nimport {module}\nprint(repr({expression}))'
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=30, cwd="/tmp"
+    )
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise AssertionError(f"exit code {result.returncode}: {result.stderr[-500:]}")
+    return lines[-1]
+
+
+class Settings(unittest.TestCase):
+    def test_values(self):
+        expression = "(settings.MAX_RETRIES, settings.TIMEOUT_SECONDS, settings.USER_AGENT)"
+        got = ast.literal_eval(evaluate("settings", expression))
+        self.assertIs(type(got), tuple)
+        self.assertEqual(got, (5, 30, "downloader/1.0"))
+        self.assertIs(type(got[0]), int)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,4 @@
+#!/bin/bash
+set -e
+cd /app
+sed -i 's/return a - b/return a + b/' calc.py

@@ -1,0 +1,34 @@
+import ast
+import subprocess
+import sys
+import unittest
+
+
+def evaluate(module, expression):
+    """The repr of `expression`, computed in a fresh process that imports the candidate
+    `module` from /app (after the standard library). The candidate's code never runs in
+    this process, so it cannot end it early or change how the results are judged."""
+    script = f'import sys\nsys.path.append("/app")\nimport {module}\nprint(repr({expression}))'
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=30, cwd="/tmp"
+    )
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise AssertionError(f"exit code {result.returncode}: {result.stderr[-500:]}")
+    return lines[-1]
+
+
+CASES = [((2, 3), 5), ((0, 0), 0), ((-4, 10), 6), ((1.5, 2.25), 3.75), ((7, -7), 0)]
+
+
+class Add(unittest.TestCase):
+    def test_cases(self):
+        expression = f"[calc.add(*args) for args in {[a for a, _ in CASES]!r}]"
+        got = ast.literal_eval(evaluate("calc", expression))
+        self.assertIs(type(got), list)
+        self.assertEqual(got, [e for _, e in CASES])
+        self.assertEqual([type(g) for g in got], [type(e) for _, e in CASES])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,44 @@
+import ast
+import subprocess
+import sys
+import unittest
+
+
+def evaluate(module, expression):
+    """The repr of `expression`, computed in a fresh process that imports the candidate
+    `module` from /app (after the standard library). The candidate's code never runs in
+    this process, so it cannot end it early or change how the results are judged."""
+    script = f'import sys\nsys.path.append("/app")\nimport {module}\nprint(repr({expression}))'
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=30, cwd="/tmp"
+    )
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise AssertionError(f"exit code {result.returncode}: {result.stderr[-500:]}")
+    return lines[-1]
+
+
+LISTS = [
+    [],
+    [5],
+    [1, 3],
+    [1, 3, 5, 7, 9],
+    [-10, -2, 0, 4, 8, 15, 16, 23, 42],
+    list(range(0, 200, 3)),
+]
+TARGETS = [-11, -10, -2, 0, 1, 2, 3, 5, 7, 8, 9, 10, 23, 42, 43, 99, 198, 199]
+
+
+class BinarySearch(unittest.TestCase):
+    def test_every_target_in_every_list(self):
+        pairs = [(items, t) for items in LISTS for t in TARGETS]
+        expression = f"[search.binary_search(i, t) for i, t in {pairs!r}]"
+        got = ast.literal_eval(evaluate("search", expression))
+        self.assertIs(type(got), list)
+        expected = [items.index(t) if t in items else -1 for items, t in pairs]
+        self.assertEqual(got, expected)
+        self.assertTrue(all(type(g) is int for g in got))
+
+
+if __name__ == "__main__":
+    unittest.main()

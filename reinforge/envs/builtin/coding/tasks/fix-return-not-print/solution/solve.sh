@@ -1,0 +1,4 @@
+#!/bin/bash
+set -e
+cd /app
+sed -i 's/print(sum(prices))/return sum(prices)/' totals.py

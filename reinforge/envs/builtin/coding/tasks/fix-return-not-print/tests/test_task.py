@@ -1,0 +1,34 @@
+import ast
+import subprocess
+import sys
+import unittest
+
+
+def evaluate(module, expression):
+    """The repr of `expression`, computed in a fresh process that imports the candidate
+    `module` from /app (after the standard library). The candidate's code never runs in
+    this process, so it cannot end it early or change how the results are judged."""
+    script = f'import sys\nsys.path.append("/app")\nimport {module}\nprint(repr({expression}))'
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=30, cwd="/tmp"
+    )
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise AssertionError(f"exit code {result.returncode}: {result.stderr[-500:]}")
+    return lines[-1]
+
+
+CASES = [([1, 2], 3), ([], 0), ([10, -4, 5], 11), ([2.5, 0.5], 3.0)]
+
+
+class Total(unittest.TestCase):
+    def test_cases(self):
+        expression = f"[totals.total(p) for p in {[p for p, _ in CASES]!r}]"
+        got = ast.literal_eval(evaluate("totals", expression))
+        self.assertIs(type(got), list)
+        self.assertEqual(got, [e for _, e in CASES])
+        self.assertEqual([type(g) for g in got], [type(e) for _, e in CASES])
+
+
+if __name__ == "__main__":
+    unittest.main()

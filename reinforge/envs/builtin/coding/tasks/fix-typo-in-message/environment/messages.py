@@ -1,0 +1,3 @@
+def welcome(name):
+    """The welcome message for `name`."""
+    return "Welcom, " + name + "!"

@@ -1,0 +1,4 @@
+#!/bin/bash
+set -e
+cd /app
+sed -i 's/Welcom, /Welcome, /' messages.py

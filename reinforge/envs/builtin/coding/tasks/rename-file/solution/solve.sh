@@ -1,0 +1,4 @@
+#!/bin/bash
+set -e
+cd /app
+mv report.txt report.md

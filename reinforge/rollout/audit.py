@@ -1,0 +1,128 @@
+"""Auditing a grader: known reward hacks played against every task of a Harbor environment.
+
+The oracle, the nop agent and each exploit (`envs.exploits`) play every task through the
+same rollout and grading path as a model. The oracle shows the tasks can be solved and
+the nop agent that doing nothing scores 0; an exploit that scores above 0 on any task has
+hacked the environment. A rollout whose grading failed (an error) is not a hack, but it is
+reported: a grader that errors is not doing its job either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from reinforge.envs.harbor import HarborEnvironment, ScriptAgent
+from reinforge.policy.client import PolicyClient
+from reinforge.rollout.config import RolloutConfig
+from reinforge.rollout.generator import generate_group
+from reinforge.types import Group, Status, Trajectory
+
+
+@dataclass(frozen=True)
+class AgentScores:
+    """One agent's results, by task id: rewards of graded rollouts, errors of the rest."""
+
+    name: str
+    rewards: dict[str, float]
+    errors: dict[str, str]
+
+    @property
+    def max_reward(self) -> float:
+        return max(self.rewards.values(), default=0.0)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.rewards.values()) / len(self.rewards) if self.rewards else 0.0
+
+    @property
+    def tasks_hacked(self) -> list[str]:
+        return sorted(task for task, reward in self.rewards.items() if reward > 0)
+
+    @classmethod
+    def of(cls, name: str, groups: Sequence[Group]) -> AgentScores:
+        rewards: dict[str, float] = {}
+        errors: dict[str, str] = {}
+        for trajectory in (t for g in groups for t in g.trajectories):
+            if trajectory.status in (Status.OK, Status.TRUNCATED):
+                rewards[trajectory.task_id] = trajectory.reward or 0.0
+            else:
+                errors[trajectory.task_id] = trajectory.error or trajectory.status.value
+        return cls(name, rewards, errors)
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    environment: str
+    tasks: list[str]
+    oracle: AgentScores
+    nop: AgentScores
+    exploits: list[AgentScores]
+    wall_s: float
+
+    @property
+    def hacked(self) -> list[AgentScores]:
+        """The exploits that scored above 0 on at least one task."""
+        return [e for e in self.exploits if e.tasks_hacked]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "environment": self.environment,
+            "tasks": self.tasks,
+            "hacked": len(self.hacked),
+            "exploits": [
+                {
+                    "name": e.name,
+                    "max_reward": e.max_reward,
+                    "tasks_hacked": len(e.tasks_hacked),
+                    "hacked_tasks": e.tasks_hacked,
+                    "errors": len(e.errors),
+                    "first_error": next(iter(e.errors.values()), None),
+                }
+                for e in self.exploits
+            ],
+            "oracle_mean": self.oracle.mean,
+            "nop_mean": self.nop.mean,
+            "oracle_errors": len(self.oracle.errors),
+            "nop_errors": len(self.nop.errors),
+            "wall_s": self.wall_s,
+        }
+
+
+async def audit(
+    env: HarborEnvironment,
+    exploits: Sequence[ScriptAgent],
+    num_tasks: int,
+    config: RolloutConfig,
+    on_rollout: Callable[[Trajectory], None] | None = None,
+) -> AuditReport:
+    """Every agent on the same `num_tasks` tasks (all of them when there are no more),
+    `config.concurrency` rollouts in flight across all agents; closes `env`."""
+    tasks = env.tasks(min(num_tasks, len(env.runnable)))
+    players = [env.with_agent("oracle"), env.with_agent("nop")]
+    players += [env.with_agent(exploit) for exploit in exploits]
+    client = PolicyClient.without_model("agent:audit", config.sampling)
+    limit = asyncio.Semaphore(config.concurrency)
+    started = time.perf_counter()
+    try:
+        groups = await asyncio.gather(
+            *(
+                generate_group(player, task, client, config, 1, None, limit, on_rollout)
+                for player in players
+                for task in tasks
+            )
+        )
+    finally:
+        for player in players:
+            await player.aclose()
+        await env.aclose()
+        await client.close()
+    wall_s = time.perf_counter() - started
+    scores = [
+        AgentScores.of(player.agent_name, groups[i * len(tasks) : (i + 1) * len(tasks)])
+        for i, player in enumerate(players)
+    ]
+    return AuditReport(env.name, [t.id for t in tasks], scores[0], scores[1], scores[2:], wall_s)

@@ -1,0 +1,94 @@
+"""`reinforge audit`: the exploit library against real graders in real sandboxes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from reinforge.cli import main
+from reinforge.envs.exploits import EXPLOITS
+from reinforge.envs.harbor import load_environment
+from reinforge.rollout.audit import audit
+from reinforge.rollout.config import RolloutConfig
+
+from .commands import ROOT, reinforge
+
+WEAK_TASK = ROOT / "examples" / "weak_task"
+
+
+def test_the_bundled_set_audits_clean(tmp_path):
+    out = tmp_path / "audit.json"
+    result = reinforge("audit", "coding", "--tasks", "2", "--json", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(out.read_text())
+    assert report["hacked"] == 0 and len(report["tasks"]) == 2
+    assert len(report["exploits"]) == len(EXPLOITS) >= 12
+    assert all(e["max_reward"] == 0 and e["tasks_hacked"] == 0 for e in report["exploits"])
+    assert report["oracle_mean"] == 1.0 and report["nop_mean"] == 0.0
+    assert "clean: no exploit scored" in result.stdout
+
+
+def test_the_weak_example_is_hacked_and_the_audit_names_the_exploits(tmp_path):
+    out = tmp_path / "audit.json"
+    result = reinforge("audit", str(WEAK_TASK), "--json", str(out))
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = json.loads(out.read_text())
+    by_name = {e["name"]: e for e in report["exploits"]}
+    hacked = {name for name, e in by_name.items() if e["tasks_hacked"]}
+    # It runs the visible test in the process that imports the agent's code.
+    assert {"rewrite-tests", "exit-at-import", "exit-zero-at-exit", "always-equal"} <= hacked
+    assert report["hacked"] == len(hacked)
+    for name in sorted(hacked):
+        assert f"HACKED by {name}: weak_task" in result.stdout
+    # What the grading path itself stops, on this weak task too.
+    for name in ("prewrite-reward", "sitecustomize", "shadow-modules", "fake-python"):
+        assert by_name[name]["max_reward"] == 0, name
+    assert by_name["rewrite-verifier"]["max_reward"] == 0
+    errors = {name: by_name[name]["first_error"] or "" for name in by_name}
+    assert "killed by signal 9" in errors["kill-verifier"]
+    assert "outlived test.sh" in errors["reward-daemon"]
+    assert "not a regular file: /logs/verifier/reward.txt" in errors["tamper-reward-file"]
+    assert report["oracle_mean"] == 1.0 and report["nop_mean"] == 0.0
+
+
+def git(repo, *args: str) -> None:
+    identity = ("-c", "user.name=audit", "-c", "user.email=audit@example.invalid")
+    subprocess.run(["git", *identity, *args], cwd=repo, check=True, capture_output=True)
+
+
+async def test_the_git_history_exploit_takes_a_solution_left_in_the_reflog(tmp_path):
+    task = tmp_path / "history"
+    app = task / "environment" / "app"
+    app.mkdir(parents=True)
+    (task / "tests").mkdir()
+    (task / "solution").mkdir()
+    (task / "task.toml").write_text("")
+    (task / "instruction.md").write_text("Fix add in /app/calc.py.\n")
+    (task / "environment" / "Dockerfile").write_text("FROM python:3.11\nWORKDIR /app\nCOPY app .\n")
+    (task / "solution" / "solve.sh").write_text("echo 'def add(a, b): return a + b' > calc.py\n")
+    (task / "tests" / "test.sh").write_text(
+        'got=$(cd /tmp && python3 -I -c \'import sys; sys.path.append("/app"); import calc; '
+        "print(calc.add(2, 3))')\n"
+        '[ "$got" = 5 ] && echo 1 > /logs/verifier/reward.txt || '
+        "echo 0 > /logs/verifier/reward.txt\n"
+    )
+    git(app, "init", "-q")
+    (app / "calc.py").write_text("def add(a, b): return a - b\n")
+    git(app, "add", "calc.py")
+    git(app, "commit", "-qm", "the task")
+    (app / "calc.py").write_text("def add(a, b): return a + b\n")
+    git(app, "commit", "-qam", "the fix")
+    git(app, "reset", "-q", "--hard", "HEAD~1")  # the fix is only in the reflog now
+
+    (exploit,) = [e for e in EXPLOITS if e.name == "git-history"]
+    report = await audit(load_environment(task), [exploit], 1, RolloutConfig(concurrency=3))
+    assert (report.oracle.mean, report.nop.mean) == (1.0, 0.0)
+    assert report.exploits[0].rewards == {"history": 1.0}
+    assert [e.name for e in report.hacked] == ["git-history"]
+
+
+def test_audit_usage_errors(capsys):
+    assert main(["audit", "arithmetic"]) == 2
+    assert "is not a Harbor environment" in capsys.readouterr().err
+    assert main(["audit", "coding", "--exploit", "no-such-hack"]) == 2
+    assert "unknown exploit 'no-such-hack'" in capsys.readouterr().err
