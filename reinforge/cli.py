@@ -21,6 +21,7 @@ COMMANDS = {
     "sandbox": "run a command in a fresh sandbox, or benchmark sandboxes",
     "audit": "play known reward hacks against a Harbor environment's grader",
     "dash": "a web dashboard of runs: curves, time split, trajectories token by token",
+    "diff": "what a policy learned: behaviour at two steps of a run, or in two evals",
 }
 """Each is the module `reinforge.commands.<name>`, with `add_arguments(parser)`."""
 

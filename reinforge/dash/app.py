@@ -6,14 +6,17 @@ reload. The charting library (uPlot) is vendored in `static/`: the dashboard wor
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Query
 from fastapi.staticfiles import StaticFiles
 
 from reinforge.dash import runs, trajectories
 from reinforge.dash.runs import RunDir
+from reinforge.errors import UsageError
+from reinforge.rollout import diff
 
 STATIC = Path(__file__).parent / "static"
 
@@ -78,6 +81,20 @@ def create_app(root: Path) -> FastAPI:
         advantages, _ = trajectories.advantages(read, _trainer_config(found))
         tokenizer = trajectories.tokenizer_for(runs.model_name(found), found.path / "checkpoints")
         return trajectories.detail(read[line], advantages[line], tokenizer)
+
+    @app.get("/api/diff")
+    def behaviour_diff(
+        run: str,
+        start: int = Query(alias="from"),
+        end: int = Query(alias="to"),
+        window: int = diff.WINDOW,
+    ) -> dict[str, Any]:
+        """`reinforge diff RUN --from A --to B` as JSON."""
+        try:
+            report = diff.compare(*diff.run_sides(run_dir(run).path, start, end, window))
+        except UsageError as error:
+            raise HTTPException(400, str(error)) from error
+        return dataclasses.asdict(report)
 
     app.mount("/", StaticFiles(directory=STATIC, html=True), name="static")
     return app

@@ -93,6 +93,7 @@ def step_metrics(
         "reward_std": summary["reward_std"],
         "rewards": summary["rewards"],
         "pass_rate": summary["pass@1"],
+        "pass_threshold": summary["pass_threshold"],
         "completion_tokens_mean": summary["sampled_tokens_mean"],
         "truncation_rate": summary["status"].get("truncated", 0) / rollouts,
         "loop_rate": summary["loop_rate"],

@@ -53,6 +53,7 @@ def summarize(groups: list[Group], pass_threshold: float, wall_s: float) -> dict
         "rewards": {name: _mean([t.rewards.get(name, 0.0) for t in scored]) for name in terms},
         "pass@1": _mean(pass_1),
         f"pass@{k}": _mean(pass_k),
+        "pass_threshold": pass_threshold,
         "turns_mean": _mean([t.turns for t in trajectories]),
         "sampled_tokens_mean": _mean([t.completion_tokens for t in trajectories]),
         "tokens_mean": _mean([len(t.token_ids) for t in trajectories]),

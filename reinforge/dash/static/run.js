@@ -18,6 +18,8 @@ const OTHER = "other: recording, checkpoints";
 const PART_COLORS = {trainer_idle_s: "#f28e2b", train_s: "#4e79a7", sync_s: "#59a14f",
   [OTHER]: "#bab0ac"};
 const CHART = {width: 470, height: 230};
+// What a metrics line holds beside the numbers to plot: its step, and what pass_rate means.
+const NOT_CURVES = ["step", "pass_threshold"];
 const RAW = " (raw)";
 
 const runs = new Map(); // id -> {rows, flat, next}: the metrics read so far
@@ -101,7 +103,7 @@ function render() {
   const steps = [...new Set(shown.flatMap((id) => runs.get(id).flat.map((r) => r.step)))];
   steps.sort((a, b) => a - b);
   const keys = [...new Set(shown.flatMap((id) => runs.get(id).flat.flatMap(Object.keys)))]
-    .filter((key) => key !== "step")
+    .filter((key) => !NOT_CURVES.includes(key))
     .sort((a, b) => rank(a) - rank(b) || a.localeCompare(b));
   const zero = keys.filter((key) =>
     shown.every((id) => runs.get(id).flat.every((r) => !r[key])));
