@@ -38,6 +38,7 @@ from reinforge.orchestrate.rollouts import Finished, RolloutSide
 from reinforge.policy.models import load_model
 from reinforge.rollout.summary import summarize
 from reinforge.train.checkpoints import latest_checkpoint, load_trainer_state
+from reinforge.train.sharded import require_one_process
 from reinforge.train.trainable import is_adapter, load_trainable
 from reinforge.train.trainer import Trainer, select_for_training
 
@@ -47,6 +48,7 @@ async def train(
 ) -> Path:
     """Run `config.run.steps` steps, or what is left of them after the last checkpoint;
     returns the run directory."""
+    require_one_process(config.trainer)
     env = load_configured(config.env)
     checkpoint = latest_checkpoint(config.run_dir) if resume else None
     if resume and checkpoint is None:

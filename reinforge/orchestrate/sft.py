@@ -20,6 +20,7 @@ from reinforge.orchestrate.record import RunRecorder
 from reinforge.train.checkpoints import latest_checkpoint, load_trainer_state
 from reinforge.train.config import PPOClipLoss, SFTLoss
 from reinforge.train.sft import Example, schedule, train_batch
+from reinforge.train.sharded import require_one_process
 from reinforge.train.trainable import load_trainable
 from reinforge.train.trainer import Trainer
 
@@ -52,6 +53,7 @@ def train_sft(
 ) -> Path:
     """Train `config.sft.epochs` epochs over `examples` (config from `sft_config`), or what
     is left of them after the run's last checkpoint; returns the run directory."""
+    require_one_process(config.trainer)
     run_dir = config.run_dir
     checkpoint = latest_checkpoint(run_dir) if resume else None
     if resume and checkpoint is None:

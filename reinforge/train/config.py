@@ -432,6 +432,15 @@ class TrainerConfig(Section):
     overlong filtering) or penalize (its reward becomes `truncation_penalty`)."""
     truncation_penalty: float = 0.0
     """The reward of a truncated completion when `truncated = "penalize"`."""
+    world_size: int = Field(1, ge=1)
+    """Processes (ranks) training one model, each holding a shard of its weights, gradients
+    and optimizer state (FSDP2) and running its share of each batch's micro-batches; gloo
+    on CPU, NCCL with one GPU per rank. `reinforge train` and `reinforge sft` run 1 so far;
+    see docs/scale.md."""
+    collective_timeout_s: float = Field(600.0, gt=0.0)
+    """How long a rank waits in a collective for the others before it fails, so a dead or
+    stuck rank ends the run with an error instead of a hang. Long enough for the slowest
+    step, and for rank 0 saving a checkpoint while the others wait."""
 
     def for_budget(self, max_sampled_tokens: int) -> Self:
         """This config with a constant-norm aggregation that names no constant given the

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
+from reinforge.train.batching import TrainBatch
 from reinforge.train.losses import token_entropy, token_logprobs
 
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
@@ -66,6 +67,34 @@ def selective_logprobs(
     logprobs = _scatter(positions, torch.cat(logps))  # (B, T)
     entropy = _scatter(positions, torch.cat(entropies)) if with_entropy else None  # (B, T)
     return logprobs, entropy
+
+
+class SelectiveLogprobs(nn.Module):
+    """`selective_logprobs` of a model as one module call.
+
+    `selective_logprobs` runs the decoder and the head apart, never the model's own forward,
+    so a sharded model (FSDP) would never gather the weights its root unit holds (embedding,
+    final norm, head); made the root unit, this module's forward gathers them around both.
+    The trainer calls its model through it whether sharded or not: one code path.
+    """
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, batch: TrainBatch, with_entropy: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Log-probs (B, T) of `batch.targets` and entropy (B, T) or None, as
+        `selective_logprobs`."""
+        return selective_logprobs(
+            self.model,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.target_mask,
+            batch.targets,
+            with_entropy=with_entropy,
+        )
 
 
 def _head_chunk(

@@ -19,7 +19,7 @@ from transformers import PreTrainedModel
 
 from reinforge.train.batching import TrainBatch, micro_batches
 from reinforge.train.config import OptimConfig, TrainerConfig
-from reinforge.train.logprobs import selective_logprobs
+from reinforge.train.logprobs import SelectiveLogprobs
 from reinforge.train.losses import masked_mean
 from reinforge.train.trainable import is_adapter, reference_context
 from reinforge.types import Group, Status, Trajectory
@@ -94,7 +94,11 @@ class Trainer:
         self.loss = config.algorithm.loss
         if self.loss.needs_reference and reference is None and not is_adapter(model):
             raise ValueError("the loss has kl_coef > 0: pass the frozen reference model")
-        self.reference = reference
+        # Made before the optimizer: a sharded trainer's modules hold sharded parameters.
+        self._logprobs = self._logprob_module(model)
+        self._ref_logprobs = (
+            self._logprobs if reference is None else self._logprob_module(reference)
+        )
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=optim.lr,
@@ -113,32 +117,9 @@ class Trainer:
 
         The parameters change only inside `update` (if given): an engine decoding with this model
         passes its weight update, which waits for a step boundary and bumps the version."""
-        weights = self.loss.aggregation.weights(batch.target_mask)  # (B, T)
-        tokens = float(batch.target_mask.sum())
-        totals: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
         self.model.train()
-        for rows in micro_batches(batch.lengths, self.config.micro_batch_tokens):
-            part = batch.select(rows)
-            ref_logp = self._reference_logprobs(part)  # (b, t) or None
-            with self._autocast():
-                logp, entropy = selective_logprobs(
-                    self.model,
-                    part.input_ids,
-                    part.attention_mask,
-                    part.target_mask,
-                    part.targets,
-                    with_entropy=True,
-                )  # (b, t), (b, t)
-            loss, metrics = self.loss.batch_loss(
-                logp, part, weights=weights[rows][:, : part.width], ref_logp=ref_logp
-            )  # weights: (b, t)
-            loss.backward()
-            share = float(part.target_mask.sum()) / max(tokens, 1.0)
-            totals["loss"] += loss.item()
-            assert entropy is not None
-            totals["entropy"] += float(masked_mean(entropy, part.target_mask)) * share
-            for name, value in metrics.scalars().items():
-                totals[name] = totals.get(name, 0.0) + value * share
+        plan = micro_batches(batch.lengths, self.config.micro_batch_tokens)
+        totals = self._accumulate(batch, plan)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         with update or nullcontext():
             self.optimizer.step()
@@ -149,8 +130,46 @@ class Trainer:
             **totals,
             "grad_norm": float(grad_norm),
             "lr": self.scheduler.get_last_lr()[0],
-            "trained_tokens": tokens,
+            "trained_tokens": float(batch.target_mask.sum()),
         }
+
+    def _accumulate(self, batch: TrainBatch, plan: list[list[int]]) -> dict[str, float]:
+        """Forward and backward of the micro-batches `plan` lists (rows of `batch`), their
+        gradients adding up; returns their loss and metrics, each micro-batch's metrics
+        weighted by its share of the batch's trained tokens.
+
+        Weights and shares are the whole batch's, so any subset of its micro-batches gives
+        exactly its part of the whole batch's loss and gradient: what lets ranks split them.
+        """
+        weights = self.loss.aggregation.weights(batch.target_mask)  # (B, T)
+        tokens = float(batch.target_mask.sum())
+        totals: dict[str, float] = {"loss": 0.0, "entropy": 0.0}
+        for rows in plan:
+            part = batch.select(rows)
+            share = float(part.target_mask.sum()) / max(tokens, 1.0)
+            done = self._backward(part, weights[rows][:, : part.width], share)
+            for name, value in done.items():
+                totals[name] = totals.get(name, 0.0) + value
+        return totals
+
+    def _backward(self, part: TrainBatch, weights: Tensor, share: float) -> dict[str, float]:
+        """One micro-batch's forward and backward; returns its loss and its metrics times
+        `share`. weights: (b, t), its rows of the whole batch's aggregation weights."""
+        ref_logp = self._reference_logprobs(part)  # (b, t) or None
+        with self._autocast():
+            logp, entropy = self._logprobs(part, with_entropy=True)  # (b, t), (b, t)
+        loss, metrics = self.loss.batch_loss(logp, part, weights=weights, ref_logp=ref_logp)
+        loss.backward()
+        assert entropy is not None
+        return {
+            "loss": loss.item(),
+            "entropy": float(masked_mean(entropy, part.target_mask)) * share,
+            **{name: value * share for name, value in metrics.scalars().items()},
+        }
+
+    def _logprob_module(self, model: PreTrainedModel) -> SelectiveLogprobs:
+        """What the step calls for `model`'s log-probs; a sharded trainer shards it here."""
+        return SelectiveLogprobs(model)
 
     def _autocast(self) -> torch.autocast:
         return torch.autocast(
@@ -163,11 +182,8 @@ class Trainer:
         """The frozen reference's log-probs of this micro-batch, when the loss has a KL."""
         if not self.loss.needs_reference:
             return None
-        model = self.reference if self.reference is not None else self.model
         with torch.no_grad(), reference_context(self.model), self._autocast():
-            logp, _ = selective_logprobs(
-                model, part.input_ids, part.attention_mask, part.target_mask, part.targets
-            )
+            logp, _ = self._ref_logprobs(part)
         return logp  # (b, t)
 
     def state_dict(self) -> dict[str, Any]:

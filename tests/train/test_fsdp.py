@@ -1,0 +1,153 @@
+"""The sharded trainer (FSDP2 over gloo, on CPU) against one process on real parts: two
+ranks give the same loss, metrics and updated weights on the same batch, and write one
+Hugging Face checkpoint that loads with world size 1; a stuck or dead rank ends the run with
+an error, not a hang; the loops refuse world_size > 1 until they run sharded."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
+from transformers import AutoModelForCausalLM
+
+from reinforge.config import Config, load_config
+from reinforge.errors import UsageError
+from reinforge.orchestrate.loop import train
+from reinforge.orchestrate.sft import train_sft
+from reinforge.policy.models import load_model
+from reinforge.train.batching import TrainBatch, micro_batches
+from reinforge.train.config import (
+    AlgorithmConfig,
+    OptimConfig,
+    PPOClipLoss,
+    SequenceMean,
+    TrainerConfig,
+)
+from reinforge.train.ranks import run_on_ranks
+from reinforge.train.sharded import ShardedTrainer
+from reinforge.train.trainer import Trainer
+from reinforge.types import Trajectory
+
+from .rank_faults import leave
+
+VOCAB = 49152
+UNIFORM = -math.log(VOCAB)
+"""About the log-prob the untrained tiny model gives any token: importance ratios near 1."""
+OPTIM = OptimConfig(lr=1e-3)
+STEPS = 2  # the second step runs on Adam's state and, with a KL, on a moved policy
+CASES = {
+    # the token-mean divisor is the whole batch's; the KL reference is sharded too
+    "token_mean_kl": TrainerConfig(
+        micro_batch_tokens=16, algorithm=AlgorithmConfig(loss=PPOClipLoss(kl_coef=0.1))
+    ),
+    # each rank's sequences are divided by the whole batch's sequence count
+    "sequence_mean": TrainerConfig(
+        micro_batch_tokens=16,
+        algorithm=AlgorithmConfig(loss=PPOClipLoss(aggregation=SequenceMean())),
+    ),
+}
+
+
+def _batch() -> TrainBatch:
+    """Rows of 12, 8, 7 and 4 tokens, the first with a tool result (mask 0) between two
+    sampled turns. Under a 16-token budget they plan as [12], [8, 7], [4]: rank 0 takes
+    two micro-batches, rank 1 one and an idle pass."""
+    generator = torch.Generator().manual_seed(0)
+    masks = [
+        [0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 1, 1],
+        [0, 0, 0, 1, 1, 1, 1, 1],
+        [0, 0, 1, 1, 1, 1, 1],
+        [0, 0, 1, 1],
+    ]
+    trajectories = [
+        Trajectory(
+            task_id="t",
+            group_id="t",
+            index=i,
+            token_ids=torch.randint(3, VOCAB, (len(mask),), generator=generator).tolist(),
+            loss_mask=mask,
+            logprobs=[UNIFORM] * sum(mask),
+        )
+        for i, mask in enumerate(masks)
+    ]
+    return TrainBatch.from_trajectories(trajectories, [1.0, -1.0, 0.5, -0.5])
+
+
+def _train(
+    kind: type[Trainer], config: TrainerConfig, batch: TrainBatch
+) -> tuple[Trainer, list[dict[str, float]]]:
+    model, _ = load_model("tiny-random")
+    reference = None
+    if config.algorithm.loss.needs_reference:
+        reference = load_model("tiny-random")[0].requires_grad_(False)
+    trainer = kind(model, config, OPTIM, total_steps=STEPS, reference=reference)
+    return trainer, [trainer.step(batch) for _ in range(STEPS)]
+
+
+def _on_rank(
+    configs: dict[str, TrainerConfig], batch: TrainBatch, folder: Path
+) -> dict[str, list[dict[str, float]]]:
+    """Every case on this rank, each model saved to `folder / case`; the metrics."""
+    metrics = {}
+    for name, config in configs.items():
+        trainer, metrics[name] = _train(ShardedTrainer, config, batch)
+        assert isinstance(trainer, ShardedTrainer)
+        trainer.save_model(folder / name)
+    return metrics
+
+
+def test_two_ranks_step_as_one_process(tmp_path):
+    batch = _batch()
+    assert micro_batches(batch.lengths, 16) == [[0], [1, 2], [3]]
+    sharded = {name: c.model_copy(update={"world_size": 2}) for name, c in CASES.items()}
+    launch = TrainerConfig(world_size=2, collective_timeout_s=120)
+    on_ranks = run_on_ranks(launch, _on_rank, sharded, batch, tmp_path)
+
+    initial = dict(load_model("tiny-random")[0].named_parameters())
+    for name, config in CASES.items():
+        trainer, expected = _train(Trainer, config, batch)
+        # grad_norm is of the summed gradients before clipping: it pins their scale, which
+        # Adam's update hides (FSDP's default mean would halve it and move no weight).
+        for got, want in zip(on_ranks[name], expected, strict=True):
+            assert got == pytest.approx(want, rel=1e-4, abs=1e-6)
+        assert expected[1]["kl" if "kl" in name else "loss"] != 0.0
+        saved = AutoModelForCausalLM.from_pretrained(tmp_path / name)
+        assert saved.config.architectures == ["LlamaForCausalLM"]
+        assert sorted(p.name for p in (tmp_path / name).iterdir()) == [
+            "config.json",
+            "generation_config.json",
+            "model.safetensors",
+        ]
+        for param_name, param in trainer.model.named_parameters():
+            # Adam moves each weight by about lr * g / |g|: where a gradient is ~0, summing in
+            # another order moves a few weights by a fraction of lr (4.5e-5 seen), the rest
+            # agree to 1e-6.
+            torch.testing.assert_close(
+                saved.get_parameter(param_name), param, atol=OPTIM.lr / 10, rtol=0.0
+            )
+            assert not torch.equal(param, initial[param_name])  # every parameter trained
+
+
+def test_a_stuck_rank_times_out_the_others():
+    config = TrainerConfig(world_size=2, collective_timeout_s=2)
+    with pytest.raises(ProcessRaisedException, match="Timed out"):
+        run_on_ranks(config, leave, "stuck")
+
+
+def test_a_dead_rank_ends_the_run_with_an_error():
+    config = TrainerConfig(world_size=2, collective_timeout_s=2)
+    # whichever comes first: the parent seeing rank 1 gone, or rank 0's collective failing
+    with pytest.raises((ProcessExitedException, ProcessRaisedException)):
+        run_on_ranks(config, leave, "dies")
+
+
+def test_the_loops_refuse_more_than_one_rank():
+    config = load_config(Config, None, ["trainer.world_size=2"])
+    with pytest.raises(UsageError, match="world_size = 2: reinforge train and reinforge sft"):
+        asyncio.run(train(config, print))
+    with pytest.raises(UsageError, match="ShardedTrainer"):
+        train_sft(config, [], print)
