@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -186,13 +186,13 @@ class Engine:
         waited_steps = 0
         while True:
             idle = not (batch.requests or waiting)
-            open_ = self._collect(waiting, block=idle)
+            open_ = take_requests(self._inbox, waiting, block=idle)
             # Work that arrives at an idle engine usually comes as a burst (a group of
             # rollouts, n > 1, many clients): gather it for one prefill.
             while open_ and idle and len(waiting) < self.config.max_batch:
                 time.sleep(self._BURST_S)
                 before = len(waiting)
-                open_ = self._collect(waiting, block=False)
+                open_ = take_requests(self._inbox, waiting, block=False)
                 if len(waiting) == before:
                     break
             if not open_:
@@ -224,19 +224,6 @@ class Engine:
                 batch.fail(error)
                 _fail(arrivals, error)
                 batch = _Batch()
-
-    def _collect(self, waiting: list[_Request], block: bool) -> bool:
-        """Move queued requests to `waiting`; False once the engine is closed."""
-        try:
-            item = self._inbox.get(block=block)
-            while True:
-                if item is None:
-                    return False
-                if item.future.set_running_or_notify_cancel():
-                    waiting.append(item)
-                item = self._inbox.get_nowait()
-        except queue.Empty:
-            return True
 
     def _prefill(self, batch: _Batch, arrivals: list[_Request]) -> None:
         """Compute the new prompts in one forward and merge them into the running batch.
@@ -418,6 +405,25 @@ class _Batch:
     def fail(self, error: BaseException) -> None:
         _fail(self.requests, error)
         self.requests = []
+
+
+class _Queued(Protocol):
+    future: Future[Completion]
+
+
+def take_requests(inbox: queue.Queue[Any], into: list[Any], block: bool) -> bool:
+    """Move an engine's queued requests (`None` closes it) to `into`, leaving out those
+    cancelled while queued; False once the engine is closed."""
+    try:
+        item: _Queued | None = inbox.get(block=block)
+        while True:
+            if item is None:
+                return False
+            if item.future.set_running_or_notify_cancel():
+                into.append(item)
+            item = inbox.get_nowait()
+    except queue.Empty:
+        return True
 
 
 def _fail(requests: list[_Request], error: BaseException) -> None:

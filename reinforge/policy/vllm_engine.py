@@ -39,7 +39,7 @@ from transformers import AutoConfig, GenerationConfig, PreTrainedTokenizerBase
 
 from reinforge.errors import UsageError
 from reinforge.policy.config import EngineConfig
-from reinforge.policy.engine import Completion, EngineStats, eos_ids_of
+from reinforge.policy.engine import Completion, EngineStats, eos_ids_of, take_requests
 from reinforge.policy.models import load_tokenizer, model_folder
 from reinforge.policy.sampling import SamplingParams
 
@@ -133,7 +133,7 @@ class VllmEngine:
     def _loop(self) -> None:
         while True:
             arrivals: list[_Request] = []
-            if not self._collect(arrivals, block=not self._running):
+            if not take_requests(self._inbox, arrivals, block=not self._running):
                 self._fail_all([*arrivals, *self._running.values()], RuntimeError("engine closed"))
                 return
             try:
@@ -155,19 +155,6 @@ class VllmEngine:
                 for request_id in list(self._running):
                     self._engine.abort_request([request_id])
                 self._running.clear()
-
-    def _collect(self, arrivals: list[_Request], block: bool) -> bool:
-        """Move queued requests to `arrivals`; False once the engine is closed."""
-        try:
-            item = self._inbox.get(block=block)
-            while True:
-                if item is None:
-                    return False
-                if item.future.set_running_or_notify_cancel():
-                    arrivals.append(item)
-                item = self._inbox.get_nowait()
-        except queue.Empty:
-            return True
 
     def _add(self, request: _Request, prompt_ids: list[int]) -> None:
         from vllm.inputs.engine import tokens_input
