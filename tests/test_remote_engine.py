@@ -119,7 +119,10 @@ def test_a_wrong_token_is_one_clear_line(server, tmp_path):
     argv = tiny_train(
         tmp_path, "loop.mode=async", f"loop.engine_url={server}/v1", "loop.engine_token=nope"
     )
+    handoff = Path("/dev/shm")
+    before = set(handoff.glob("reinforge-weights-*"))
     process = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert process.returncode == 2
     assert "refused the weights: wrong or missing weights token" in process.stderr
     assert "Traceback" not in process.stderr
+    assert set(handoff.glob("reinforge-weights-*")) <= before  # the handoff folder is gone

@@ -116,7 +116,11 @@ class RemoteEngine:
         assert url is not None
         client = await PolicyClient.for_url(url, config.rollout.sampling)
         engine = cls(client, url, config.loop.engine_token)
-        engine.push(model, version)
+        try:
+            engine.push(model, version)
+        except BaseException:  # a refused first push must not leave its folder behind
+            await engine.aclose()
+            raise
         return engine
 
     @property
