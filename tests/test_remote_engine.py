@@ -126,3 +126,43 @@ def test_a_wrong_token_is_one_clear_line(server, tmp_path):
     assert "refused the weights: wrong or missing weights token" in process.stderr
     assert "Traceback" not in process.stderr
     assert set(handoff.glob("reinforge-weights-*")) <= before  # the handoff folder is gone
+
+
+def test_an_untied_lm_head_takes_its_new_weights_in_vllm(tmp_path):
+    # The tied head is covered by the engine tests; here the head has weights of its own,
+    # which vLLM reloads (and its CPU kernels repack) as a layer of their own.
+    require_vllm()
+    model, tokenizer = load_model("tiny-random")
+    untied = type(model)(
+        model.config.__class__(**{**model.config.to_dict(), "tie_word_embeddings": False})
+    )
+    folder = tmp_path / "untied"
+    untied.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    generator = torch.Generator().manual_seed(3)
+    state = {
+        name: (p.detach() + 0.2 * torch.randn(p.shape, generator=generator)).contiguous()
+        for name, p in untied.named_parameters()
+    }
+    assert "lm_head.weight" in state
+    path = tmp_path / "w.safetensors"
+    save_file(state, path)
+    untied.load_state_dict(state)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    args = ("--engine", "vllm", "--model", str(folder), f"server.weights_token={TOKEN}")
+    with serving(*args) as url:
+        update = {"path": str(path), "version": 2}
+        assert httpx.post(f"{url}/v1/weights", json=update, headers=headers, timeout=120).is_success
+        reply = httpx.post(
+            f"{url}/v1/completions",
+            json={"model": str(folder), "prompt": [5, 6, 7, 8], "max_tokens": 6, "logprobs": 0},
+            timeout=120,
+        ).json()
+    choice = reply["choices"][0]
+    ids = torch.tensor([[5, 6, 7, 8, *choice["token_ids"]]])  # (1, L)
+    with torch.no_grad():
+        logp = torch.log_softmax(untied(input_ids=ids).logits[0, 3:-1].float(), dim=-1)
+    expected = logp.gather(1, torch.tensor(choice["token_ids"]).unsqueeze(1)).squeeze(1)
+    recorded = torch.tensor(choice["logprobs"]["token_logprobs"])
+    assert choice["policy_versions"] == [2] * len(choice["token_ids"])
+    assert torch.allclose(recorded, expected, atol=1e-4)
