@@ -88,17 +88,22 @@ class Trajectory(BaseModel):
 
     @property
     def sampled_turns(self) -> list[list[int]]:
-        """The token ids of each turn the policy sampled: the runs of 1 in the loss mask
-        (turns are apart by at least their chat template's tokens)."""
-        turns: list[list[int]] = []
-        previous = 0
-        for token, masked in zip(self.token_ids, self.loss_mask, strict=True):
-            if masked and not previous:
-                turns.append([])
-            if masked:
-                turns[-1].append(token)
-            previous = masked
-        return turns
+        """The token ids of each turn the policy sampled (turns are apart by at least their
+        chat template's tokens)."""
+        return [self.token_ids[start:end] for start, end in masked_spans(self.loss_mask)]
+
+
+def masked_spans(loss_mask: list[int]) -> list[tuple[int, int]]:
+    """(start, end) of each run of 1s."""
+    spans: list[tuple[int, int]] = []
+    start = None
+    for index, bit in enumerate([*loss_mask, 0]):
+        if bit and start is None:
+            start = index
+        elif not bit and start is not None:
+            spans.append((start, index))
+            start = None
+    return spans
 
 
 class Group(BaseModel):

@@ -9,11 +9,11 @@ import pytest
 from reinforge.envs import Continue, Environment, Episode, Finished, Harness, Reward, Rubric
 from reinforge.policy.client import PolicyClient
 from reinforge.policy.config import SamplingConfig
-from reinforge.policy.records import masked_spans, token_record_problems
+from reinforge.policy.records import token_record_problems
 from reinforge.rollout.config import RolloutConfig
 from reinforge.rollout.generator import generate_groups
 from reinforge.rollout.summary import summarize
-from reinforge.types import Status, Task
+from reinforge.types import Status, Task, masked_spans
 
 
 def tasks(n: int) -> list[Task]:

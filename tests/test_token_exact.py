@@ -17,10 +17,10 @@ from reinforge.envs.registry import installed_environments, load_environment
 from reinforge.policy.chat import ChatFormat
 from reinforge.policy.client import PolicyClient
 from reinforge.policy.config import SamplingConfig
-from reinforge.policy.records import masked_spans, token_record_problems
+from reinforge.policy.records import token_record_problems
 from reinforge.rollout.config import RolloutConfig
 from reinforge.rollout.generator import generate_groups
-from reinforge.types import Trajectory
+from reinforge.types import Trajectory, masked_spans
 
 BUILTINS = ["arithmetic", "calculator", "tictactoe", "wordle"]
 

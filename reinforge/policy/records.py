@@ -18,23 +18,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from reinforge.policy.chat import ChatFormat, TemplateError
-from reinforge.types import Message, Trajectory
+from reinforge.types import Message, Trajectory, masked_spans
 
 if TYPE_CHECKING:  # as in chat.py: keep transformers out of the environments' import path
     from transformers import PreTrainedTokenizerBase
-
-
-def masked_spans(loss_mask: list[int]) -> list[tuple[int, int]]:
-    """(start, end) of each run of 1s."""
-    spans: list[tuple[int, int]] = []
-    start = None
-    for index, bit in enumerate([*loss_mask, 0]):
-        if bit and start is None:
-            start = index
-        elif not bit and start is not None:
-            spans.append((start, index))
-            start = None
-    return spans
 
 
 def sampled_texts(
