@@ -28,7 +28,7 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 from transformers.cache_utils import Cache
 
 from reinforge.policy.config import EngineConfig
-from reinforge.policy.kv_cache import cache_argument, roomy_cache
+from reinforge.policy.kv_cache import cache_keyword, roomy_cache
 from reinforge.policy.models import load_model
 from reinforge.policy.prefix_cache import PrefixCache, PrefixHit
 from reinforge.policy.sampling import RowSampler, SamplingParams, sample
@@ -93,6 +93,7 @@ class Engine:
         self.config = config
         self.max_context = int(getattr(model.config, "max_position_embeddings", 2048))
         self.eos_ids = eos_ids_of(model.generation_config, tokenizer)
+        self._cache_keyword = cache_keyword(model)  # read once: not per decode step
         self.version = 0
         self.stats = EngineStats()
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -287,7 +288,7 @@ class Engine:
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,  # (R, N)
-            **cache_argument(self.model, cache),
+            **{self._cache_keyword: cache},
             use_cache=True,
             logits_to_keep=1,
         ).logits[:, -1]
@@ -305,7 +306,7 @@ class Engine:
             input_ids=last.unsqueeze(1),
             attention_mask=batch.mask,
             position_ids=positions,
-            **cache_argument(self.model, batch.cache),
+            **{self._cache_keyword: batch.cache},
             use_cache=True,
         ).logits[:, -1]  # (B, V)
         self.stats.decode_steps += 1

@@ -39,12 +39,11 @@ class RoomyLayer(DynamicLayer):
         return self.keys, self.values
 
 
-def cache_argument(model: PreTrainedModel, cache: Cache) -> dict[str, Cache]:
-    """The cache as the model's forward names it: `cache` since transformers 5.24,
+def cache_keyword(model: PreTrainedModel) -> str:
+    """What the model's forward calls its cache: `cache` since transformers 5.24,
     `past_key_values` before (vLLM's CPU build pins transformers below 5.20, and an
     unknown keyword would be swallowed silently, decoding without the cache)."""
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    return {name: cache}
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def roomy_cache() -> Cache:
