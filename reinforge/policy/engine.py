@@ -17,7 +17,7 @@ import asyncio
 import queue
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -198,7 +198,7 @@ class Engine:
                     break
             if not open_:
                 batch.fail(RuntimeError("engine closed"))
-                _fail(waiting, RuntimeError("engine closed"))
+                fail_requests(waiting, RuntimeError("engine closed"))
                 return
             room = self.config.max_batch - len(batch.requests)
             arrivals: list[_Request] = []
@@ -223,7 +223,7 @@ class Engine:
                 self.stats.busy_s += time.perf_counter() - started
             except Exception as error:  # a failed step fails its requests, not the engine
                 batch.fail(error)
-                _fail(arrivals, error)
+                fail_requests(arrivals, error)
                 batch = _Batch()
 
     def _prefill(self, batch: _Batch, arrivals: list[_Request]) -> None:
@@ -404,7 +404,7 @@ class _Batch:
             layer.values = layer.values.index_select(0, index)[:, :, start:]
 
     def fail(self, error: BaseException) -> None:
-        _fail(self.requests, error)
+        fail_requests(self.requests, error)
         self.requests = []
 
 
@@ -427,7 +427,8 @@ def take_requests(inbox: queue.Queue[Any], into: list[Any], block: bool) -> bool
         return True
 
 
-def _fail(requests: list[_Request], error: BaseException) -> None:
+def fail_requests(requests: Sequence[_Queued], error: BaseException) -> None:
+    """Fail the requests not answered yet (either engine's)."""
     for request in requests:
         if not request.future.done():
             request.future.set_exception(error)

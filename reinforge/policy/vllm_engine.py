@@ -39,7 +39,13 @@ from transformers import AutoConfig, GenerationConfig, PreTrainedTokenizerBase
 
 from reinforge.errors import UsageError
 from reinforge.policy.config import EngineConfig
-from reinforge.policy.engine import Completion, EngineStats, eos_ids_of, take_requests
+from reinforge.policy.engine import (
+    Completion,
+    EngineStats,
+    eos_ids_of,
+    fail_requests,
+    take_requests,
+)
 from reinforge.policy.models import load_tokenizer, model_folder
 from reinforge.policy.sampling import SamplingParams
 
@@ -134,7 +140,7 @@ class VllmEngine:
         while True:
             arrivals: list[_Request] = []
             if not take_requests(self._inbox, arrivals, block=not self._running):
-                self._fail_all([*arrivals, *self._running.values()], RuntimeError("engine closed"))
+                fail_requests([*arrivals, *self._running.values()], RuntimeError("engine closed"))
                 return
             try:
                 started = time.perf_counter()
@@ -151,7 +157,7 @@ class VllmEngine:
                 for output in outputs:
                     self._accept(output, version)
             except Exception as error:  # a failed step fails its requests, not the engine
-                self._fail_all([*arrivals, *self._running.values()], error)
+                fail_requests([*arrivals, *self._running.values()], error)
                 for request_id in list(self._running):
                     self._engine.abort_request([request_id])
                 self._running.clear()
@@ -202,11 +208,6 @@ class VllmEngine:
         if isinstance(sample.stop_reason, str):
             completion.stop_text = sample.stop_reason
         request.future.set_result(completion)
-
-    def _fail_all(self, requests: list[_Request], error: BaseException) -> None:
-        for request in requests:
-            if not request.future.done():
-                request.future.set_exception(error)
 
 
 def _vllm_params(params: SamplingParams, done: int, eos_ids: set[int]) -> Any:
