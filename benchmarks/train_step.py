@@ -88,7 +88,7 @@ def one_option(overrides: list[str], steps: int) -> dict[str, Any]:
         )
     drift = (used - batch.behaviour_logprobs)[batch.target_mask].abs()
     trainer = Trainer(model, config.trainer, config.optim, total_steps=steps)
-    times, metrics = [], {}
+    times = []
     for _ in range(steps):
         started = time.perf_counter()
         metrics = trainer.step(batch)
@@ -97,7 +97,7 @@ def one_option(overrides: list[str], steps: int) -> dict[str, Any]:
     return {
         "step_s": times,
         "median_step_s": statistics.median(times[1:] or times),
-        "trained_tokens": metrics["trained_tokens"],
+        "trained_tokens": metrics.trained_tokens,
         "padded_tokens": int(batch.attention_mask.sum()),
         "trainable_params": trainable,
         "logprob_drift_mean": float(drift.mean()),

@@ -307,7 +307,7 @@ def run_reinforge(args: argparse.Namespace, scratch: Path) -> SystemRun:
                 step=step,
                 step_s=metrics["time"]["total_s"],
                 rollouts=rollouts,
-                backprop_tokens=float(metrics.get("trained_tokens", 0.0)),
+                backprop_tokens=float((metrics["train"] or {}).get("trained_tokens", 0.0)),
                 raw=metrics,
             )
         )

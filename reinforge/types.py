@@ -22,6 +22,14 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
+class Record(BaseModel):
+    """Numbers a run reports (an eval's summary, a step's metrics line): typed, so every
+    reader sees the same names, and written as plain JSON; field docstrings say what each
+    number is over."""
+
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+
+
 class Task(BaseModel):
     """One problem. Frozen, so a task travels unchanged from dataset to grader."""
 

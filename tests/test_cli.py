@@ -44,7 +44,7 @@ def test_eval_writes_trajectories_that_carry_what_training_needs(tmp_path):
         assert len(row["token_ids"]) == len(row["loss_mask"])
         assert sum(row["loss_mask"]) == len(row["logprobs"]) > 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["rollouts"] == 8 and "pass@2" in summary
+    assert summary["rollouts"] == 8 and summary["k"] == 2 and "pass_at_k" in summary
     assert "reward" in result.stdout and "pass@1" in result.stdout
 
 

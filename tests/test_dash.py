@@ -7,7 +7,6 @@ pictures in docs/dash/ come from `REINFORGE_DASH_SCREENSHOTS=docs/dash`).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -28,12 +27,13 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from reinforge.config import Config
 from reinforge.dash.app import create_app
-from reinforge.orchestrate.record import step_metrics
+from reinforge.orchestrate.metrics import StepMetrics, StepTime, step_metrics
 from reinforge.policy.chat import ChatFormat
 from reinforge.policy.models import load_tokenizer
+from reinforge.rollout.evaluate import EvalSummary
 from reinforge.rollout.store import RolloutWriter
 from reinforge.rollout.summary import summarize
-from reinforge.train.trainer import select_for_training
+from reinforge.train.trainer import TrainStats, select_for_training
 from reinforge.types import Group, Status, Task, Trajectory
 
 from .commands import reinforge
@@ -132,29 +132,33 @@ def _write_run(root: Path, name: str, chat: ChatFormat, steps: int, skill: float
     (run / "config.json").write_text(config.model_dump_json(indent=2) + "\n")
     with (run / "metrics.jsonl").open("w") as metrics:
         for step in range(1, steps + 1):
-            metrics.write(json.dumps(_metrics(step, _groups(chat, step, skill), config)) + "\n")
+            metrics.write(
+                _metrics(step, _groups(chat, step, skill), config).model_dump_json() + "\n"
+            )
             with (run / "trajectories" / f"step_{step:05d}.jsonl").open("w") as out:
                 for group in _groups(chat, step, skill):
                     out.writelines(t.model_dump_json() + "\n" for t in group.trajectories)
     return run
 
 
-def _metrics(step: int, groups: list[Group], config: Config) -> dict[str, Any]:
+def _metrics(step: int, groups: list[Group], config: Config) -> StepMetrics:
     selection = select_for_training(groups, config.trainer)
     tokens = sum(t.completion_tokens for t in selection.trajectories)
-    trained = {
-        "loss": 0.02 / step,
-        "entropy": 2.5 - 0.1 * step,
-        "clip_fraction": 0.01 * (step % 3),
-        "grad_norm": 1.0 / math.sqrt(step),
-        "lr": 1e-5,
-        "trained_tokens": float(tokens),
-    }
-    time_split = {"trainer_idle_s": 4.0 + step % 3, "train_s": 2.5, "sync_s": 0.1}
-    time_split |= {"rollout_idle_s": 0.5, "total_s": sum(time_split.values()) + 0.2}
+    trained = TrainStats(
+        loss=0.02 / step,
+        entropy=2.5 - 0.1 * step,
+        clip_fraction=0.01 * (step % 3),
+        grad_norm=1.0 / math.sqrt(step),
+        lr=1e-5,
+        trained_tokens=float(tokens),
+    )
+    idle_s = 4.0 + step % 3
+    time_split = StepTime(
+        trainer_idle_s=idle_s, train_s=2.5, sync_s=0.1, rollout_idle_s=0.5, total_s=idle_s + 2.8
+    )
     return step_metrics(
         step,
-        summarize(groups, 1.0, time_split["total_s"]),
+        summarize(groups, 1.0),
         selection,
         trained,
         trained_version=step - 1,
@@ -181,7 +185,14 @@ def runs_dir(tmp_path_factory: pytest.TempPathFactory, chat: ChatFormat) -> Path
     for group in groups:
         writer.write_group(group)
     writer.write_summary(
-        {**summarize(groups, 1.0, 2.0), "environment": "arithmetic", "model": "tiny-random"}
+        EvalSummary(
+            **dict(summarize(groups, 1.0)),
+            environment="arithmetic",
+            model="tiny-random",
+            seed=0,
+            wall_s=2.0,
+            sampled_tokens_per_s=100.0,
+        )
     )
     writer.close()
     return root
@@ -262,7 +273,9 @@ def test_curves_render_overlaid_and_smoothed(browser: Any, dash_url: str) -> Non
         "return [...document.querySelectorAll('#charts .chart')].map(c => c.dataset.key)"
     )
     assert keys[:3] == ["reward_mean", "pass_rate", "rewards.correct"]
-    assert {"entropy", "clip_fraction", "grad_norm", "staleness_mean", "time.train_s"} <= set(keys)
+    trained = {"train.entropy", "train.clip_fraction", "train.grad_norm"}
+    assert trained | {"staleness_mean", "time.train_s", "errored"} <= set(keys)
+    assert not {"step", "k", "tasks", "rollouts", "pass_threshold"} & set(keys)
     assert "dropped_stale" in browser.find_element("id", "always-zero").text
     reward = browser.find_element("css selector", ".chart[data-key='reward_mean']")
     assert reward.get_attribute("data-points") == str(STEPS)
@@ -315,7 +328,7 @@ def test_live_run_shows_new_steps_without_reload(
     browser.execute_script("window.notReloaded = true")
     config = Config.model_validate_json((run / "config.json").read_text())
     with (run / "metrics.jsonl").open("a") as metrics:
-        metrics.write(json.dumps(_metrics(3, _groups(chat, 3, 0.5), config)) + "\n")
+        metrics.write(_metrics(3, _groups(chat, 3, 0.5), config).model_dump_json() + "\n")
     _wait(
         browser, lambda d: d.find_element("css selector", chart).get_attribute("data-points") == "3"
     )

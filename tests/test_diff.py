@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from reinforge.config import Config
 from reinforge.dash.app import create_app
-from reinforge.orchestrate.record import step_metrics
+from reinforge.orchestrate.metrics import StepTime, step_metrics
 from reinforge.rollout import diff
 from reinforge.rollout.store import RolloutWriter
 from reinforge.rollout.summary import summarize
@@ -95,22 +95,24 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = config.run_dir
     (directory / "trajectories").mkdir(parents=True)
     (directory / "config.json").write_text(config.model_dump_json(indent=2) + "\n")
-    time_split = {"trainer_idle_s": 1.0, "train_s": 1.0, "sync_s": 0.1, "total_s": 2.2}
+    time_split = StepTime(
+        trainer_idle_s=1.0, train_s=1.0, sync_s=0.1, rollout_idle_s=0.0, total_s=2.2
+    )
     with (directory / "metrics.jsonl").open("w") as metrics:
         for step in range(1, 5):
             groups = _groups(step)
             row = step_metrics(
                 step,
-                summarize(groups, 1.0, 2.0),
+                summarize(groups, 1.0),
                 select_for_training(groups, config.trainer),
-                {},
+                None,
                 trained_version=step - 1,
                 policy_version=step,
                 dropped_stale=0,
                 time=time_split,
                 rollout_tokens_per_s=100.0,
             )
-            metrics.write(json.dumps(row) + "\n")
+            metrics.write(row.model_dump_json() + "\n")
             with (directory / "trajectories" / f"step_{step:05d}.jsonl").open("w") as out:
                 out.writelines(t.model_dump_json() + "\n" for g in groups for t in g.trajectories)
     return directory
@@ -189,7 +191,7 @@ def test_two_evals_pair_their_tasks(run: Path, tmp_path: Path) -> None:
         writer = RolloutWriter(tmp_path / name)
         for group in _groups(step):
             writer.write_group(group)
-        writer.write_summary(summarize(_groups(step), 1.0, 1.0))
+        writer.write_summary(summarize(_groups(step), 1.0))
         writer.close()
     report = diff.compare(*diff.eval_sides(tmp_path / "before", tmp_path / "after"))
     assert (report.before, report.after) == ("before", "after")

@@ -105,9 +105,9 @@ def test_summaries_count_trajectories_per_flag():
         Trajectory(task_id="t", group_id="t", reward=0.0),  # an environment without flags
     ]
     group = Group(task=Task(id="t", prompt=[]), trajectories=trajectories)
-    summary = summarize([group], 1.0, 1.0)
-    assert summary["hack_flags"] == {READ_HIDDEN: 1, TOUCHED_TESTS: 2}
-    assert summary["reward_mean"] == 0.25  # flags are labels, not a reward term
+    summary = summarize([group], 1.0)
+    assert summary.hack_flags == {READ_HIDDEN: 1, TOUCHED_TESTS: 2}
+    assert summary.reward_mean == 0.25  # flags are labels, not a reward term
 
 
 async def test_a_harbor_rollout_carries_its_flags():

@@ -81,7 +81,7 @@ def test_the_recipe_examples_train_on_the_tiny_model(example, tmp_path, judge_ur
     if example == "doom_loop":
         assert all("looping" in t["rewards"] for t in trajectories)
     if example == "judge":
-        assert rows[0]["errors"] == len(trajectories)  # a random judge gives no score
+        assert rows[0]["errored"] == len(trajectories)  # a random judge gives no score
         assert all("JudgeError" in t["error"] for t in trajectories)
 
 

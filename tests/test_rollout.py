@@ -100,9 +100,9 @@ async def test_failures_are_statuses_and_the_run_goes_on(client):
         assert trajectory.status == Status.ERROR and "grader bug" in trajectory.error
         assert here in trajectory.error
         assert trajectory.rewards == {} and trajectory.reward is None  # never a silent 0
-    summary = summarize(groups, 1.0, 1.0)
-    assert (summary["scored"], summary["errored"]) == (2, 6)
-    assert summary["reward_mean"] == 1.0 and "environment bug" in summary["first_error"]
+    summary = summarize(groups, 1.0)
+    assert (summary.scored, summary.errored) == (2, 6)
+    assert summary.reward_mean == 1.0 and "environment bug" in (summary.first_error or "")
 
 
 async def test_episode_token_budget_truncates(client):

@@ -60,8 +60,8 @@ def test_sft_on_eval_output_lowers_the_nll_and_writes_a_loadable_checkpoint(tmp_
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 7))
     assert [r["epoch"] for r in rows] == [0, 0, 1, 1, 2, 2]
-    assert rows[-1]["nll"] < rows[0]["nll"]
-    assert all(r["trained_tokens"] == 4 * 16 and r["grad_norm"] > 0 for r in rows)
+    assert rows[-1]["train"]["nll"] < rows[0]["train"]["nll"]
+    assert all(r["train"]["trained_tokens"] == 4 * 16 and r["train"]["grad_norm"] > 0 for r in rows)
     config = json.loads((run / "config.json").read_text())
     assert config["trainer"]["algorithm"]["loss"]["kind"] == "sft"
     assert config["run"]["steps"] == 6
@@ -107,7 +107,7 @@ def test_a_resumed_run_trains_what_an_uninterrupted_one_does(tmp_path):
 
     assert [r["step"] for r in rows(crashed)] == [1, 2, 3, 4]
     for ours, theirs in zip(rows(crashed), rows(whole), strict=True):
-        assert ours["nll"] == pytest.approx(theirs["nll"], rel=1e-5)
+        assert ours["train"]["nll"] == pytest.approx(theirs["train"]["nll"], rel=1e-5)
     final = [AutoModelForCausalLM.from_pretrained(r / "checkpoints" / "step_00004")
              for r in (whole, crashed)]  # fmt: skip
     for (name, a), b in zip(final[0].named_parameters(), final[1].parameters(), strict=True):

@@ -41,7 +41,7 @@ def test_a_tiny_run_writes_metrics_trajectories_and_loadable_checkpoints(tmp_pat
             "total_s",
         }
         assert row["staleness_max"] == 0 and row["dropped_stale"] == 0
-        assert row["grad_norm"] > 0 and row["zero_variance_groups"] == 0
+        assert row["train"]["grad_norm"] > 0 and row["zero_variance_groups"] == 0
     assert [r["policy_version"] for r in rows] == [1, 2, 3]
     assert len((run / "trajectories" / "step_00003.jsonl").read_text().splitlines()) == 16
     assert json.loads((run / "config.json").read_text())["run"]["steps"] == 3
@@ -59,12 +59,12 @@ async def test_one_step_changes_every_trainable_parameter(tiny_engine):
     config = load_config(Config, None, ["optim.lr=1e-3"])
     trainer = Trainer(model, config.trainer, config.optim, total_steps=1)
     metrics = trainer.step(select_for_training(groups, config.trainer).batch())
-    assert metrics["trained_tokens"] == 8 * 8
+    assert metrics.trained_tokens == 8 * 8
     unchanged = [n for n, p in model.named_parameters() if torch.equal(p, before[n])]
     assert unchanged == []
 
 
-def test_zero_variance_groups_and_errors_are_left_out_and_counted():
+def test_zero_variance_groups_are_counted_and_errored_rollouts_left_out():
     task = Task(id="t", prompt=[])
 
     def trajectory(reward: float, status: Status = Status.OK) -> Trajectory:
@@ -86,7 +86,8 @@ def test_zero_variance_groups_and_errors_are_left_out_and_counted():
         ),
     ]
     selection = select_for_training(groups, TrainerConfig())
-    assert selection.zero_variance_groups == 1 and selection.errored == 1
+    assert selection.zero_variance_groups == 1
+    assert all(t.status is Status.OK for t in selection.trajectories)
     # rewards [1, 0]: mean 0.5, sample std 0.7071 -> advantages +-0.7070 (eps 1e-4)
     assert selection.advantages == pytest.approx([0.70700, -0.70700], abs=1e-4)
 
@@ -168,7 +169,9 @@ def test_a_killed_run_resumes_with_the_same_data_order(tmp_path):
     assert [r["policy_version"] for r in rows] == [
         json.loads(line)["policy_version"] for line in whole_rows
     ]
-    assert [r["lr"] for r in rows] == [json.loads(line)["lr"] for line in whole_rows]
+    assert [r["train"]["lr"] for r in rows] == [
+        json.loads(line)["train"]["lr"] for line in whole_rows
+    ]
 
     finished = _train(killed_dir, "--resume")
     assert finished.wait(timeout=300) == 2

@@ -10,32 +10,38 @@ from rich.console import Console
 
 from reinforge.commands import view as view_module
 from reinforge.commands.view import TrainView, sparkline, step_line
+from reinforge.orchestrate.metrics import StepMetrics, StepTime, step_metrics
+from reinforge.rollout.summary import summarize
+from reinforge.train.trainer import Selection, TrainStats
 
 
-def _row(step: int, reward: float) -> dict:
-    return {
-        "step": step,
-        "reward_mean": reward,
-        "reward_std": 0.1,
-        "pass_rate": reward,
-        "completion_tokens_mean": 20.0,
-        "zero_variance_groups": 3,
-        "errors": 1,
-        "clip_fraction": 0.01,
-        "entropy": 1.2,
-        "staleness_max": 0,
-        "staleness_mean": 0.0,
-        "dropped_stale": 0,
-        "carried_over": 0,
-        "time": {
-            "trainer_idle_s": 3.0,
-            "train_s": 1.0,
-            "sync_s": 0.0,
-            "rollout_idle_s": 1.0,
-            "total_s": 4.0,
-        },
-        "tokens_per_s": {"rollout": 50.0, "train": 200.0},
-    }
+def _row(step: int, reward: float) -> StepMetrics:
+    summary = summarize([], 1.0).model_copy(
+        update={
+            "reward_mean": reward,
+            "reward_std": 0.1,
+            "pass_rate": reward,
+            "completion_tokens_mean": 20.0,
+            "errored": 1,
+        }
+    )
+    trained = TrainStats(
+        loss=0.1, entropy=1.2, grad_norm=1.0, lr=1e-5, trained_tokens=200.0, clip_fraction=0.01
+    )
+    time_split = StepTime(
+        trainer_idle_s=3.0, train_s=1.0, sync_s=0.0, rollout_idle_s=1.0, total_s=4.0
+    )
+    return step_metrics(
+        step,
+        summary,
+        Selection(zero_variance_groups=3),
+        trained,
+        trained_version=step - 1,
+        policy_version=step,
+        dropped_stale=0,
+        time=time_split,
+        rollout_tokens_per_s=50.0,
+    )
 
 
 def test_sparkline_scales_to_the_range():
@@ -70,7 +76,9 @@ def test_a_pipe_gets_one_plain_line_per_step():
 def test_an_off_policy_step_shows_its_staleness():
     out = io.StringIO()
     console = Console(file=out, force_terminal=False, width=200)
-    row = {**_row(1, 0.0), "staleness_max": 1, "staleness_mean": 0.5, "dropped_stale": 2}
+    row = _row(1, 0.0).model_copy(
+        update={"staleness_max": 1, "staleness_mean": 0.5, "dropped_stale": 2}
+    )
     with TrainView(console, steps=1) as view:
         view.update(row)
     assert "stale 0.50/1  dropped 2  carried 0" in out.getvalue()

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reinforge.commands.config_args import (
     Flag,
@@ -16,6 +16,9 @@ from reinforge.commands.config_args import (
     positional_or_override,
 )
 from reinforge.config import EvalConfig
+
+if TYPE_CHECKING:
+    from reinforge.rollout.evaluate import EvalSummary
 
 ERRORS_EXIT = 3
 """Exit code when more than `eval.max_error_rate` of the rollouts errored or timed out."""
@@ -115,12 +118,12 @@ async def _run(config: EvalConfig, env: Any, out: Path) -> int:
         if engine is not None:
             engine.close()
     _print_summary(console, summary, out)
-    rate = summary["errored"] / max(summary["rollouts"], 1)
+    rate = summary.errored / max(summary.rollouts, 1)
     if rate > config.eval.max_error_rate:
         console.print(
-            f"{summary['errored']} of {summary['rollouts']} rollouts errored or timed out, "
+            f"{summary.errored} of {summary.rollouts} rollouts errored or timed out, "
             f"more than eval.max_error_rate = {config.eval.max_error_rate}; the first: "
-            f"{summary['first_error']}",
+            f"{summary.first_error}",
             highlight=False,
             soft_wrap=True,
         )
@@ -165,51 +168,43 @@ class progress:
         self._bar.stop()
 
 
-def _print_summary(console: Any, summary: dict[str, Any], out: Path) -> None:
+def _print_summary(console: Any, summary: EvalSummary, out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{summary['environment']} - {summary['model']}", show_header=False)
+    table = Table(title=f"{summary.environment} - {summary.model}", show_header=False)
     table.add_column("metric")
     table.add_column("value", justify="right")
     rows: list[tuple[str, str]] = [
+        ("tasks x rollouts", f"{summary.tasks} x {summary.rollouts // max(summary.tasks, 1)}"),
         (
-            "tasks x rollouts",
-            f"{summary['tasks']} x {summary['rollouts'] // max(summary['tasks'], 1)}",
+            f"reward (mean ± std of {summary.scored} scored)",
+            f"{summary.reward_mean:.3f} ± {summary.reward_std:.3f}",
         ),
-        (
-            f"reward (mean ± std of {summary['scored']} scored)",
-            f"{summary['reward_mean']:.3f} ± {summary['reward_std']:.3f}",
+        ("errored or timed out", str(summary.errored)),
+        *((f"  {name}", f"{value:.3f}") for name, value in summary.rewards.items()),
+        ("pass@1", f"{summary.pass_rate:.3f}"),
+        (f"pass@{summary.k}", f"{summary.pass_at_k:.3f}"),
+        ("turns (mean)", f"{summary.turns_mean:.2f}"),
+        ("sampled tokens (mean)", f"{summary.completion_tokens_mean:.1f}"),
+        ("sequence tokens (mean)", f"{summary.tokens_mean:.1f}"),
+        ("tool errors", str(summary.tool_errors)),
+        ("loop rate", f"{summary.loop_rate:.3f}"),
+        ("truncated by a loop (of truncated)", f"{summary.loop_truncation_rate:.3f}"),
+        *(
+            (
+                f"level {name}: over budget, tokens, reward",
+                f"{level.over_budget_rate:.3f}, {level.completion_tokens_mean:.1f}, "
+                f"{level.reward_mean:.3f}",
+            )
+            for name, level in summary.levels.items()
         ),
-        ("errored or timed out", str(summary["errored"])),
-    ]
-    rows += [(f"  {name}", f"{value:.3f}") for name, value in summary["rewards"].items()]
-    rows += [(key, f"{summary[key]:.3f}") for key in summary if key.startswith("pass@")]
-    rows += [
-        ("turns (mean)", f"{summary['turns_mean']:.2f}"),
-        ("sampled tokens (mean)", f"{summary['sampled_tokens_mean']:.1f}"),
-        ("sequence tokens (mean)", f"{summary['tokens_mean']:.1f}"),
-        ("tool errors", str(summary["tool_errors"])),
-        ("loop rate", f"{summary['loop_rate']:.3f}"),
-        ("truncated by a loop (of truncated)", f"{summary['loop_truncation_rate']:.3f}"),
-        *_level_rows(summary["levels"]),
-        ("hack flags", ", ".join(f"{k} {v}" for k, v in summary["hack_flags"].items()) or "none"),
-        ("status", ", ".join(f"{k} {v}" for k, v in sorted(summary["status"].items()))),
-        ("sampled tokens/s", f"{summary['sampled_tokens_per_s']:.1f}"),
-        ("wall time", f"{summary['wall_s']:.1f} s"),
+        ("hack flags", ", ".join(f"{k} {v}" for k, v in summary.hack_flags.items()) or "none"),
+        ("status", ", ".join(f"{k} {v}" for k, v in sorted(summary.status.items()))),
+        ("sampled tokens/s", f"{summary.sampled_tokens_per_s:.1f}"),
+        ("wall time", f"{summary.wall_s:.1f} s"),
     ]
     for name, value in rows:
         table.add_row(name, value)
     Console().print(table)
     console.print(f"wrote {out / 'trajectories.jsonl'} and {out / 'summary.json'}")
-
-
-def _level_rows(levels: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
-    return [
-        (
-            f"level {name}: over budget, tokens, reward",
-            f"{level['over_budget_rate']:.3f}, {level['sampled_tokens_mean']:.1f}, "
-            f"{level['reward_mean']:.3f}",
-        )
-        for name, level in levels.items()
-    ]

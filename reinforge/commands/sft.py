@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
 from reinforge.commands.config_args import add_config_arguments
+
+if TYPE_CHECKING:
+    from reinforge.orchestrate.metrics import SftStepMetrics
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,12 +36,13 @@ def run(args: argparse.Namespace) -> int:
     )
     console.print(f"run directory: {config.run_dir}")
 
-    def show(metrics: dict[str, Any]) -> None:
+    def show(metrics: SftStepMetrics) -> None:
+        train = metrics.train
         console.print(
-            f"step {metrics['step']:4d}/{config.run.steps}  epoch {metrics['epoch'] + 1}  "
-            f"nll {metrics['nll']:.4f}  tokens {metrics['trained_tokens']:6.0f}  "
-            f"grad {metrics['grad_norm']:7.3f}  lr {metrics['lr']:.2e}  "
-            f"{metrics['time_s']:5.2f}s  {metrics['tokens_per_s']:7.0f} tok/s",
+            f"step {metrics.step:4d}/{config.run.steps}  epoch {metrics.epoch + 1}  "
+            f"nll {train.nll:.4f}  tokens {train.trained_tokens:6.0f}  "
+            f"grad {train.grad_norm:7.3f}  lr {train.lr:.2e}  "
+            f"{metrics.time_s:5.2f}s  {metrics.tokens_per_s:7.0f} tok/s",
             soft_wrap=True,
         )
 

@@ -1,7 +1,8 @@
 """What `reinforge train` shows while it runs: progress, the reward curve, the time split.
 
 On a terminal a live panel redraws after each step; elsewhere (CI logs, pipes) each step is
-one plain line, so logs stay readable. Both read the same `metrics.jsonl` rows.
+one plain line, so logs stay readable. Both show the step's `StepMetrics`, the record
+`metrics.jsonl` holds.
 """
 
 from __future__ import annotations
@@ -9,12 +10,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from reinforge.orchestrate.metrics import StepMetrics
 
 _BARS = "▁▂▃▄▅▆▇█"
 _RECENT = 8
@@ -66,28 +70,35 @@ def sparkline(values: list[float], width: int = 60) -> str:
     return "".join(_BARS[round((v - low) / span * (len(_BARS) - 1))] for v in values)
 
 
-def step_line(metrics: dict[str, Any], steps: int) -> str:
-    times = metrics["time"]
+def step_line(metrics: StepMetrics, steps: int) -> str:
+    times = metrics.time
     return (
-        f"step {metrics['step']:4d}/{steps}  "
-        f"reward {metrics['reward_mean']:.3f} ± {metrics['reward_std']:.3f}  "
-        f"pass {metrics['pass_rate']:.2f}  "
-        f"len {metrics['completion_tokens_mean']:5.1f}  "
-        f"zero-var {metrics['zero_variance_groups']}  "
-        f"errors {metrics['errors']}  "
-        f"wait {times['trainer_idle_s']:5.1f}s  train {times['train_s']:5.1f}s  "
-        f"sync {times['sync_s']:4.2f}s" + _staleness(metrics)
+        f"step {metrics.step:4d}/{steps}  "
+        f"reward {metrics.reward_mean:.3f} ± {metrics.reward_std:.3f}  "
+        f"pass {metrics.pass_rate:.2f}  "
+        f"len {metrics.completion_tokens_mean:5.1f}  "
+        f"zero-var {metrics.zero_variance_groups}  "
+        f"errors {metrics.errored}  "
+        f"wait {times.trainer_idle_s:5.1f}s  train {times.train_s:5.1f}s  "
+        f"sync {times.sync_s:4.2f}s" + _staleness(metrics)
     )
 
 
-def _staleness(metrics: dict[str, Any]) -> str:
+def _staleness(metrics: StepMetrics) -> str:
     """Only when the data was off-policy: a synchronous run has nothing to say here."""
-    if not (metrics["staleness_max"] or metrics["dropped_stale"]):
+    if not (metrics.staleness_max or metrics.dropped_stale):
         return ""
     return (
-        f"  stale {metrics['staleness_mean']:.2f}/{metrics['staleness_max']}"
-        f"  dropped {metrics['dropped_stale']}  carried {metrics['carried_over']}"
+        f"  stale {metrics.staleness_mean:.2f}/{metrics.staleness_max}"
+        f"  dropped {metrics.dropped_stale}  carried {metrics.carried_over}"
     )
+
+
+def _trained(metrics: StepMetrics, name: str) -> str:
+    """A trainer or loss number of the step, or "-" when nothing trained (or the loss has
+    no such number)."""
+    value = getattr(metrics.train, name, None)
+    return "-" if value is None else f"{value:.3f}"
 
 
 class TrainView:
@@ -96,7 +107,7 @@ class TrainView:
     def __init__(self, console: Console, steps: int) -> None:
         self.console = console
         self.steps = steps
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[StepMetrics] = []
         self.progress = Progress(
             TextColumn("[bold]training"),
             BarColumn(),
@@ -123,9 +134,9 @@ class TrainView:
     def _waiting(self, elapsed_s: float) -> str:
         return f"step {len(self.rows) + 1:4d}/{self.steps}  running, {elapsed_s:.0f} s since start"
 
-    def update(self, metrics: dict[str, Any]) -> None:
+    def update(self, metrics: StepMetrics) -> None:
         self.rows.append(metrics)
-        self.progress.update(self.task, completed=metrics["step"])
+        self.progress.update(self.task, completed=metrics.step)
         if self.console.is_terminal:
             self.live.update(self._render())
         else:
@@ -133,7 +144,7 @@ class TrainView:
             self.heartbeat.beat()
 
     def _render(self) -> Group:
-        rewards = [row["reward_mean"] for row in self.rows]
+        rewards = [row.reward_mean for row in self.rows]
         curve = f"reward {sparkline(rewards)}" if rewards else "reward (after the first step)"
         return Group(self.progress, curve, self._table(), self._time_split())
 
@@ -144,15 +155,15 @@ class TrainView:
             table.add_column(name, justify="right")
         for row in self.rows[-_RECENT:]:
             table.add_row(
-                str(row["step"]),
-                f"{row['reward_mean']:.3f}",
-                f"{row['pass_rate']:.2f}",
-                f"{row['completion_tokens_mean']:.1f}",
-                str(row["zero_variance_groups"]),
-                str(row["errors"]),
-                f"{row.get('clip_fraction', 0.0):.3f}",
-                f"{row.get('entropy', 0.0):.2f}",
-                f"{row['time']['total_s']:.1f}",
+                str(row.step),
+                f"{row.reward_mean:.3f}",
+                f"{row.pass_rate:.2f}",
+                f"{row.completion_tokens_mean:.1f}",
+                str(row.zero_variance_groups),
+                str(row.errored),
+                _trained(row, "clip_fraction"),
+                _trained(row, "entropy"),
+                f"{row.time.total_s:.1f}",
             )
         return table
 
@@ -161,7 +172,9 @@ class TrainView:
         if not self.rows:
             return ""
         parts = {"wait": "trainer_idle_s", "train": "train_s", "sync": "sync_s"}
-        totals = {part: sum(row["time"][key] for row in self.rows) for part, key in parts.items()}
-        whole = sum(row["time"]["total_s"] for row in self.rows) or 1.0
+        totals = {
+            part: sum(getattr(row.time, key) for row in self.rows) for part, key in parts.items()
+        }
+        whole = sum(row.time.total_s for row in self.rows) or 1.0
         split = "  ".join(f"{part} {100 * t / whole:.0f}%" for part, t in totals.items())
-        return f"time: {split}  (rollout {self.rows[-1]['tokens_per_s']['rollout']:.0f} tok/s)"
+        return f"time: {split}  (rollout {self.rows[-1].tokens_per_s.rollout:.0f} tok/s)"

@@ -121,7 +121,7 @@ def summary(run: RunDir) -> dict[str, Any]:
             "model": stored.get("model"),
             "env": stored.get("environment"),
             "reward": stored.get("reward_mean"),
-            "pass_rate": stored.get("pass@1"),
+            "pass_rate": stored.get("pass_rate"),
         }
     rows, _ = read_metrics(run)
     last = rows[-1] if rows else {}

@@ -15,12 +15,12 @@ import random
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Self
 
 from pydantic import Field, model_validator
 
 from reinforge.errors import UsageError
-from reinforge.types import Message, Section, Status, Task, Trajectory
+from reinforge.types import Message, Record, Section, Status, Task, Trajectory
 
 if TYPE_CHECKING:
     from reinforge.envs.episode import Episode
@@ -112,21 +112,31 @@ def over_budget(episode: Episode) -> bool:
     return sum(len(turn) for turn in episode.sampled_token_ids) > episode.level.budget
 
 
-def level_metrics(trajectories: list[Trajectory]) -> dict[str, dict[str, Any]]:
-    """Per level: rollouts, the fraction over budget, sampled tokens and reward (over the
-    scored rollouts) on average. Empty when no rollout had a level."""
+class LevelStats(Record):
+    """One reasoning level's rollouts in a summary."""
+
+    rollouts: int
+    over_budget_rate: float
+    """Fraction of the level's rollouts that sampled more tokens than its budget."""
+    completion_tokens_mean: float
+    reward_mean: float
+    """Over the level's scored rollouts (0 when none was scored)."""
+
+
+def level_metrics(trajectories: list[Trajectory]) -> dict[str, LevelStats]:
+    """Per level, by name; empty when no rollout had a level."""
     by_level: dict[str, list[Trajectory]] = defaultdict(list)
     for trajectory in trajectories:
         if "reasoning_level" in trajectory.info:
             by_level[trajectory.info["reasoning_level"]].append(trajectory)
-    metrics: dict[str, dict[str, Any]] = {}
+    metrics: dict[str, LevelStats] = {}
     for name, group in sorted(by_level.items()):
         over = [t.completion_tokens > t.info["budget"] for t in group]
         rewards = [t.reward for t in group if t.status in (Status.OK, Status.TRUNCATED)]
-        metrics[name] = {
-            "rollouts": len(group),
-            "over_budget_rate": sum(over) / len(group),
-            "sampled_tokens_mean": statistics.fmean(t.completion_tokens for t in group),
-            "reward_mean": statistics.fmean(r or 0.0 for r in rewards) if rewards else 0.0,
-        }
+        metrics[name] = LevelStats(
+            rollouts=len(group),
+            over_budget_rate=sum(over) / len(group),
+            completion_tokens_mean=statistics.fmean(t.completion_tokens for t in group),
+            reward_mean=statistics.fmean(r or 0.0 for r in rewards) if rewards else 0.0,
+        )
     return metrics

@@ -75,9 +75,9 @@ def looping(episode: Episode) -> float:
     return float(any(loops(turn) for turn in episode.sampled_token_ids))
 
 
-def loop_rates(trajectories: list[Trajectory]) -> dict[str, float]:
-    """`loop_rate`: the fraction of rollouts that loop; `loop_truncation_rate`: the fraction
-    of truncated rollouts whose last turn loops (0 when none was truncated)."""
+def loop_rates(trajectories: list[Trajectory]) -> tuple[float, float]:
+    """The fraction of rollouts that loop, and the fraction of truncated rollouts whose last
+    turn loops (0 when none was truncated)."""
     turns = [t.sampled_turns for t in trajectories]
     looped = [any(loops(turn) for turn in each) for each in turns]
     truncated = [
@@ -85,7 +85,7 @@ def loop_rates(trajectories: list[Trajectory]) -> dict[str, float]:
         for t, each in zip(trajectories, turns, strict=True)
         if t.status == Status.TRUNCATED
     ]
-    return {
-        "loop_rate": sum(looped) / len(looped) if looped else 0.0,
-        "loop_truncation_rate": sum(truncated) / len(truncated) if truncated else 0.0,
-    }
+    return (
+        sum(looped) / len(looped) if looped else 0.0,
+        sum(truncated) / len(truncated) if truncated else 0.0,
+    )

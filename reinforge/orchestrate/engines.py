@@ -27,7 +27,7 @@ from reinforge.policy.client import PolicyClient
 from reinforge.policy.engine import Engine
 from reinforge.train.batching import TrainBatch
 from reinforge.train.trainable import full_weights
-from reinforge.train.trainer import Trainer
+from reinforge.train.trainer import Trainer, TrainStats
 
 
 class PolicyEngine(Protocol):
@@ -38,7 +38,7 @@ class PolicyEngine(Protocol):
         """The policy version of the weights the trainer trains now."""
         ...
 
-    def train_step(self, trainer: Trainer, batch: TrainBatch) -> tuple[dict[str, float], float]:
+    def train_step(self, trainer: Trainer, batch: TrainBatch) -> tuple[TrainStats, float]:
         """One optimizer step, then the weight sync; returns the trainer's metrics and the
         sync's seconds. Runs in a worker thread while the rollout side goes on."""
         ...
@@ -74,7 +74,7 @@ class LocalEngine:
     def version(self) -> int:
         return self.engine.version
 
-    def train_step(self, trainer: Trainer, batch: TrainBatch) -> tuple[dict[str, float], float]:
+    def train_step(self, trainer: Trainer, batch: TrainBatch) -> tuple[TrainStats, float]:
         synced = self.engine.stats.sync_s
         with self.engine.paused() if self.pause_while_training else nullcontext():
             if self.shared:
@@ -127,7 +127,7 @@ class RemoteEngine:
     def version(self) -> int:
         return self._version
 
-    def train_step(self, trainer: Trainer, batch: TrainBatch) -> tuple[dict[str, float], float]:
+    def train_step(self, trainer: Trainer, batch: TrainBatch) -> tuple[TrainStats, float]:
         trained = trainer.step(batch)
         started = time.perf_counter()
         self.push(trainer.model, self._version + 1)

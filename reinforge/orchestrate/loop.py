@@ -25,7 +25,6 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from transformers import PreTrainedModel
 
@@ -33,7 +32,8 @@ from reinforge.config import Config
 from reinforge.envs.registry import load_configured
 from reinforge.errors import UsageError
 from reinforge.orchestrate.engines import open_engine
-from reinforge.orchestrate.record import RunRecorder, step_metrics
+from reinforge.orchestrate.metrics import StepMetrics, StepTime, step_metrics
+from reinforge.orchestrate.record import RunRecorder
 from reinforge.orchestrate.rollouts import Finished, RolloutSide
 from reinforge.policy.models import load_model
 from reinforge.rollout.summary import summarize
@@ -44,7 +44,7 @@ from reinforge.train.trainer import Trainer, select_for_training
 
 
 async def train(
-    config: Config, on_step: Callable[[dict[str, Any]], None], resume: bool = False
+    config: Config, on_step: Callable[[StepMetrics], None], resume: bool = False
 ) -> Path:
     """Run `config.run.steps` steps, or what is left of them after the last checkpoint;
     returns the run directory."""
@@ -95,7 +95,7 @@ async def train(
             # 4-6. loss, optimizer step, weight sync (nothing to learn if every group was
             # uniform); in a thread, so the rollout side keeps running
             started = time.perf_counter()
-            trained, sync_s = {}, 0.0
+            trained, sync_s = None, 0.0
             if selection.trajectories:
                 trained, sync_s = await asyncio.to_thread(
                     engine.train_step, trainer, selection.batch()
@@ -109,19 +109,19 @@ async def train(
             busy_s = total_s - rollout_idle_s
             metrics = step_metrics(
                 step + 1,
-                summarize(groups, env.rubric.pass_threshold, trainer_idle_s),
+                summarize(groups, env.rubric.pass_threshold),
                 selection,
                 trained,
                 trained_version=trained_version,
                 policy_version=engine.version,
                 dropped_stale=dropped,
-                time={
-                    "trainer_idle_s": trainer_idle_s,
-                    "train_s": train_s,
-                    "sync_s": sync_s,
-                    "rollout_idle_s": rollout_idle_s,
-                    "total_s": total_s,
-                },
+                time=StepTime(
+                    trainer_idle_s=trainer_idle_s,
+                    train_s=train_s,
+                    sync_s=sync_s,
+                    rollout_idle_s=rollout_idle_s,
+                    total_s=total_s,
+                ),
                 rollout_tokens_per_s=sampled / busy_s if busy_s > 0 else 0.0,
             )
             state = {"policy_version": engine.version, "loop": rollouts.position()}

@@ -10,15 +10,14 @@ same way, so `--resume` and every tool that reads a run work on both.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Self
 
 from transformers import PreTrainedTokenizerBase
 
 from reinforge.config import Config
 from reinforge.train.checkpoints import open_run, write_checkpoint
-from reinforge.train.trainer import Selection, Trainer
-from reinforge.types import Group
+from reinforge.train.trainer import Trainer
+from reinforge.types import Group, Record
 
 
 class RunRecorder:
@@ -37,7 +36,7 @@ class RunRecorder:
     def record(
         self,
         step: int,
-        metrics: dict[str, Any],
+        metrics: Record,
         trainer: Trainer,
         state: dict[str, Any],
         groups: list[Group] | None = None,
@@ -52,7 +51,7 @@ class RunRecorder:
             with path.open("w", encoding="utf-8") as out:
                 for trajectory in (t for g in groups for t in g.trajectories):
                     out.write(trajectory.model_dump_json() + "\n")
-        self._metrics.write(json.dumps(metrics) + "\n")
+        self._metrics.write(metrics.model_dump_json() + "\n")
         self._metrics.flush()
         if step % self.config.run.checkpoint_every == 0 or step == self.config.run.steps:
             state = {"step": step, **state, **trainer.state_dict()}
@@ -66,56 +65,3 @@ class RunRecorder:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def step_metrics(
-    step: int,
-    summary: dict[str, Any],
-    selection: Selection,
-    trained: dict[str, float],
-    *,
-    trained_version: int,
-    policy_version: int,
-    dropped_stale: int,
-    time: dict[str, float],
-    rollout_tokens_per_s: float,
-) -> dict[str, Any]:
-    """One line of metrics.jsonl. `summary` is `summarize` of the step's groups, the same
-    numbers `reinforge eval` reports; staleness is the trainer's version when it trained
-    (`trained_version`) minus the version that sampled each trained token; `time` splits
-    the step's wall time (`total_s`, from the end of the previous step)."""
-    rollouts = max(summary["rollouts"], 1)
-    staleness = [trained_version - v for t in selection.trajectories for v in t.policy_versions]
-    samples = len(selection.trajectories)
-    return {
-        "step": step,
-        "reward_mean": summary["reward_mean"],
-        "reward_std": summary["reward_std"],
-        "rewards": summary["rewards"],
-        "pass_rate": summary["pass@1"],
-        "pass_threshold": summary["pass_threshold"],
-        "completion_tokens_mean": summary["sampled_tokens_mean"],
-        "truncation_rate": summary["status"].get("truncated", 0) / rollouts,
-        "loop_rate": summary["loop_rate"],
-        "loop_truncation_rate": summary["loop_truncation_rate"],
-        "levels": summary["levels"],
-        "hack_flags": summary["hack_flags"],
-        "zero_variance_groups": selection.zero_variance_groups,
-        "errors": selection.errored,
-        "masked_truncated": selection.masked_truncated,
-        **trained,
-        "policy_version": policy_version,
-        "trained_samples": samples,
-        "samples_per_min": 60 * samples / time["total_s"] if time["total_s"] > 0 else 0.0,
-        "staleness_max": max(staleness, default=0),
-        "staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
-        "dropped_stale": dropped_stale,
-        "carried_over": sum(len(set(t.policy_versions)) > 1 for t in selection.trajectories),
-        "time": time,
-        "tokens_per_s": {
-            "rollout": rollout_tokens_per_s,
-            "train": trained.get("trained_tokens", 0.0) / time["train_s"]
-            if time["train_s"] > 0
-            else 0.0,
-        },
-    }

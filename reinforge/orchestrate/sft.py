@@ -10,12 +10,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from reinforge.config import Config
 from reinforge.errors import UsageError
+from reinforge.orchestrate.metrics import SftStepMetrics
 from reinforge.orchestrate.record import RunRecorder
 from reinforge.train.checkpoints import latest_checkpoint, load_trainer_state
 from reinforge.train.config import PPOClipLoss, SFTLoss
@@ -48,7 +48,7 @@ def sft_config(config: Config, examples: int) -> Config:
 def train_sft(
     config: Config,
     examples: list[Example],
-    on_step: Callable[[dict[str, Any]], None],
+    on_step: Callable[[SftStepMetrics], None],
     resume: bool = False,
 ) -> Path:
     """Train `config.sft.epochs` epochs over `examples` (config from `sft_config`), or what
@@ -77,21 +77,15 @@ def train_sft(
             epoch, rows = steps[step]
             started = time.perf_counter()
             trained = trainer.step(train_batch([examples[row] for row in rows]))
-            metrics = _step_metrics(step + 1, epoch, len(rows), trained, started)
+            seconds = time.perf_counter() - started
+            metrics = SftStepMetrics(
+                step=step + 1,
+                epoch=epoch,
+                sequences=len(rows),
+                train=trained,
+                time_s=seconds,
+                tokens_per_s=trained.trained_tokens / seconds,
+            )
             recorder.record(step + 1, metrics, trainer, {"examples": len(examples)})
             on_step(metrics)
     return run_dir
-
-
-def _step_metrics(
-    step: int, epoch: int, sequences: int, trained: dict[str, float], started: float
-) -> dict[str, Any]:
-    seconds = time.perf_counter() - started
-    return {
-        "step": step,
-        "epoch": epoch,
-        "sequences": sequences,
-        **trained,
-        "time_s": seconds,
-        "tokens_per_s": trained["trained_tokens"] / seconds,
-    }

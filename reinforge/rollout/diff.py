@@ -180,28 +180,28 @@ def behaviour_rows(
 ) -> list[Row]:
     """The metrics of `summarize` for each side, then tool errors by kind, hack flags and
     statuses as events per rollout."""
-    b, a = (summarize(_groups(side), pass_threshold, 0.0) for side in (before, after))
+    b, a = (summarize(_groups(side), pass_threshold) for side in (before, after))
     n = (len(before), len(after))
-    rows = [Row("reward (mean)", b["reward_mean"], a["reward_mean"])]
-    for term in sorted(b["rewards"].keys() | a["rewards"].keys()):
-        rows.append(Row(f"  {term}", b["rewards"].get(term, 0.0), a["rewards"].get(term, 0.0)))
+    rows = [Row("reward (mean)", b.reward_mean, a.reward_mean)]
+    for term in sorted(b.rewards.keys() | a.rewards.keys()):
+        rows.append(Row(f"  {term}", b.rewards.get(term, 0.0), a.rewards.get(term, 0.0)))
     rows += [
-        Row(f"pass rate (reward >= {pass_threshold:g})", b["pass@1"], a["pass@1"]),
-        Row("turns (mean)", b["turns_mean"], a["turns_mean"], digits=2),
+        Row(f"pass rate (reward >= {pass_threshold:g})", b.pass_rate, a.pass_rate),
+        Row("turns (mean)", b.turns_mean, a.turns_mean, digits=2),
         Row(
-            "completion tokens (mean)", b["sampled_tokens_mean"], a["sampled_tokens_mean"], digits=1
+            "completion tokens (mean)", b.completion_tokens_mean, a.completion_tokens_mean, digits=1
         ),
-        _rate("tool errors per rollout", (b["tool_errors"], a["tool_errors"]), n),
+        _rate("tool errors per rollout", (b.tool_errors, a.tool_errors), n),
     ]
     kb, ka = (Counter(k for t in side for k in error_kinds(t.messages)) for side in (before, after))
     rows += [_rate(f"  {kind}", (kb[kind], ka[kind]), n) for kind in sorted(kb.keys() | ka.keys())]
-    looped = (round(b["loop_rate"] * n[0]), round(a["loop_rate"] * n[1]))
+    looped = (round(b.loop_rate * n[0]), round(a.loop_rate * n[1]))
     rows.append(_rate("loop rate", looped, n))
-    hb, ha = b["hack_flags"], a["hack_flags"]
+    hb, ha = b.hack_flags, a.hack_flags
     for flag in sorted(hb.keys() | ha.keys()):
         rows.append(_rate(f"hack: {flag}", (hb.get(flag, 0), ha.get(flag, 0)), n))
     for status in Status:
-        counts = (b["status"].get(status.value, 0), a["status"].get(status.value, 0))
+        counts = (b.status.get(status.value, 0), a.status.get(status.value, 0))
         if any(counts):
             rows.append(_rate(f"status: {status.value}", counts, n))
     return rows

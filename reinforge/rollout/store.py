@@ -3,15 +3,13 @@ loses at most the groups in flight, and read back wherever a command left them."
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from pydantic import ValidationError
 
 from reinforge.errors import UsageError, first_problem
-from reinforge.types import Group, Trajectory
+from reinforge.types import Group, Record, Trajectory
 
 
 class RolloutWriter:
@@ -28,9 +26,9 @@ class RolloutWriter:
             self._file.write(trajectory.model_dump_json() + "\n")
         self._file.flush()
 
-    def write_summary(self, summary: dict[str, Any]) -> Path:
+    def write_summary(self, summary: Record) -> Path:
         path = self.directory / "summary.json"
-        path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        path.write_text(summary.model_dump_json(indent=2) + "\n", encoding="utf-8")
         return path
 
     def close(self) -> None:

@@ -6,12 +6,11 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from math import comb
-from typing import Any
 
 from reinforge.envs.hacks import hack_counts
-from reinforge.envs.levels import level_metrics
+from reinforge.envs.levels import LevelStats, level_metrics
 from reinforge.envs.loops import loop_rates
-from reinforge.types import Group, Status
+from reinforge.types import Group, Record, Status
 
 SCORED = (Status.OK, Status.TRUNCATED)
 
@@ -23,15 +22,55 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def summarize(groups: list[Group], pass_threshold: float, wall_s: float) -> dict[str, Any]:
-    """Rewards are over the scored rollouts (`scored` of `rollouts`); those that errored or
-    timed out have no reward and are counted in `errored`, with the first one's message."""
+class RolloutSummary(Record):
+    """What a set of groups did: the numbers `reinforge eval` reports and every metrics line
+    of a training step starts with, under the same names."""
+
+    tasks: int
+    rollouts: int
+    scored: int
+    """Rollouts that ended ok or truncated: the ones with a reward."""
+    errored: int
+    """Rollouts that errored or timed out: they have no reward and are in no mean of one."""
+    first_error: str | None
+    reward_mean: float
+    """Over the scored rollouts."""
+    reward_std: float
+    rewards: dict[str, float]
+    """Each reward term's mean over the scored rollouts."""
+    pass_threshold: float
+    """The reward at which a rollout passes (the rubric's)."""
+    pass_rate: float
+    """pass@1: the chance that one rollout passes, unbiased from each group, averaged."""
+    k: int
+    """The largest group's size: the k of `pass_at_k`."""
+    pass_at_k: float
+    """pass@k with k = `k`: the fraction of tasks with at least one passing rollout."""
+    turns_mean: float
+    completion_tokens_mean: float
+    """Sampled tokens per rollout (all turns)."""
+    tokens_mean: float
+    """Whole sequence per rollout: prompt, sampled, tool and environment tokens."""
+    truncation_rate: float
+    tool_errors: int
+    loop_rate: float
+    """Fraction of rollouts with a turn that repeats itself (a doom loop)."""
+    loop_truncation_rate: float
+    """Fraction of truncated rollouts whose last turn loops."""
+    levels: dict[str, LevelStats]
+    """Per reasoning level; empty when the environment has none."""
+    hack_flags: dict[str, int]
+    """Rollouts carrying each hack detector's flag."""
+    status: dict[str, int]
+    """Rollouts by how they ended."""
+
+
+def summarize(groups: list[Group], pass_threshold: float) -> RolloutSummary:
     trajectories = [t for g in groups for t in g.trajectories]
     scored = [t for t in trajectories if t.status in SCORED]
     rewards = [t.reward or 0.0 for t in scored]  # a scored rollout always has one
     failed = [t for t in trajectories if t.status not in SCORED]
     terms = sorted({name for t in scored for name in t.rewards})
-    k = max((len(g.trajectories) for g in groups), default=0)
     pass_1: list[float] = []
     pass_k: list[float] = []
     for group in groups:
@@ -41,30 +80,32 @@ def summarize(groups: list[Group], pass_threshold: float, wall_s: float) -> dict
         )
         pass_1.append(pass_at_k(n, passed, 1))
         pass_k.append(pass_at_k(n, passed, n))
-    sampled = sum(t.completion_tokens for t in trajectories)
-    return {
-        "tasks": len(groups),
-        "rollouts": len(trajectories),
-        "scored": len(scored),
-        "errored": len(failed),
-        "first_error": failed[0].error if failed else None,
-        "reward_mean": _mean(rewards),
-        "reward_std": statistics.pstdev(rewards) if rewards else 0.0,
-        "rewards": {name: _mean([t.rewards.get(name, 0.0) for t in scored]) for name in terms},
-        "pass@1": _mean(pass_1),
-        f"pass@{k}": _mean(pass_k),
-        "pass_threshold": pass_threshold,
-        "turns_mean": _mean([t.turns for t in trajectories]),
-        "sampled_tokens_mean": _mean([t.completion_tokens for t in trajectories]),
-        "tokens_mean": _mean([len(t.token_ids) for t in trajectories]),
-        "tool_errors": sum(t.tool_errors for t in trajectories),
-        **loop_rates(trajectories),
-        "levels": level_metrics(trajectories),
-        "hack_flags": hack_counts(trajectories),
-        "status": {s.value: n for s, n in Counter(t.status for t in trajectories).items()},
-        "wall_s": wall_s,
-        "sampled_tokens_per_s": sampled / wall_s if wall_s > 0 else 0.0,
-    }
+    status = Counter(t.status for t in trajectories)
+    loop_rate, loop_truncation_rate = loop_rates(trajectories)
+    return RolloutSummary(
+        tasks=len(groups),
+        rollouts=len(trajectories),
+        scored=len(scored),
+        errored=len(failed),
+        first_error=failed[0].error if failed else None,
+        reward_mean=_mean(rewards),
+        reward_std=statistics.pstdev(rewards) if rewards else 0.0,
+        rewards={name: _mean([t.rewards.get(name, 0.0) for t in scored]) for name in terms},
+        pass_threshold=pass_threshold,
+        pass_rate=_mean(pass_1),
+        k=max((len(g.trajectories) for g in groups), default=0),
+        pass_at_k=_mean(pass_k),
+        turns_mean=_mean([t.turns for t in trajectories]),
+        completion_tokens_mean=_mean([t.completion_tokens for t in trajectories]),
+        tokens_mean=_mean([len(t.token_ids) for t in trajectories]),
+        truncation_rate=status[Status.TRUNCATED] / len(trajectories) if trajectories else 0.0,
+        tool_errors=sum(t.tool_errors for t in trajectories),
+        loop_rate=loop_rate,
+        loop_truncation_rate=loop_truncation_rate,
+        levels=level_metrics(trajectories),
+        hack_flags=hack_counts(trajectories),
+        status={s.value: n for s, n in status.items()},
+    )
 
 
 def _mean(values: list[float] | list[int]) -> float:

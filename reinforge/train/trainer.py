@@ -3,7 +3,7 @@
 The algorithm (advantage, loss, aggregation) comes from the typed config; this class only
 batches, accumulates over micro-batches, clips and steps, the same for RL and for SFT (whose
 loss is one more config). Zero-variance groups and errored rollouts never reach it:
-`select_for_training` leaves them out and counts them.
+`select_for_training` leaves them out.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from pydantic import ConfigDict
 from torch import Tensor
 from transformers import PreTrainedModel
 
@@ -22,7 +23,24 @@ from reinforge.train.config import OptimConfig, TrainerConfig
 from reinforge.train.logprobs import SelectiveLogprobs
 from reinforge.train.losses import masked_mean
 from reinforge.train.trainable import is_adapter, reference_context
-from reinforge.types import Group, Status, Trajectory
+from reinforge.types import Group, Record, Status, Trajectory
+
+
+class TrainStats(Record):
+    """One optimizer step: the trainer's numbers, and beside them the loss's own (named by
+    the loss: `PolicyMetrics.scalars`, `LikelihoodMetrics.scalars`), since the loss is
+    configurable. Each is averaged over the step's trained tokens."""
+
+    model_config = ConfigDict(extra="allow")
+
+    loss: float
+    entropy: float
+    """Mean entropy of the policy's next-token distribution over the trained tokens."""
+    grad_norm: float
+    """Before clipping."""
+    lr: float
+    """The rate of the step that follows."""
+    trained_tokens: float
 
 
 @dataclass
@@ -32,7 +50,6 @@ class Selection:
     trajectories: list[Trajectory] = field(default_factory=list)
     advantages: list[float] = field(default_factory=list)
     zero_variance_groups: int = 0
-    errored: int = 0
     masked_truncated: int = 0
     """Truncated completions left out of the loss (`truncated = "mask"`)."""
 
@@ -41,7 +58,7 @@ class Selection:
 
 
 def select_for_training(groups: list[Group], config: TrainerConfig) -> Selection:
-    """Errored rollouts are excluded (and counted) before advantages, so they do not shift
+    """Errored rollouts are excluded before advantages, so they do not shift
     a group's mean; a group whose rewards are all equal carries no signal and is skipped.
     Truncated completions are handled as `config.truncated` says."""
     selection = Selection()
@@ -51,7 +68,6 @@ def select_for_training(groups: list[Group], config: TrainerConfig) -> Selection
             for t in group.trajectories
             if t.status in (Status.OK, Status.TRUNCATED) and t.logprobs
         ]
-        selection.errored += len(group.trajectories) - len(usable)
         rewards = [_training_reward(t, config) for t in usable]
         if len(usable) < 2 or max(rewards) == min(rewards):
             selection.zero_variance_groups += 1
@@ -111,9 +127,8 @@ class Trainer:
 
     def step(
         self, batch: TrainBatch, update: AbstractContextManager[object] | None = None
-    ) -> dict[str, float]:
-        """One optimizer step over the whole batch, accumulated over micro-batches; returns
-        the loss's metrics averaged by tokens, entropy, grad norm, lr and trained tokens.
+    ) -> TrainStats:
+        """One optimizer step over the whole batch, accumulated over micro-batches.
 
         The parameters change only inside `update` (if given): an engine decoding with this model
         passes its weight update, which waits for a step boundary and bumps the version."""
@@ -126,12 +141,12 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()
-        return {
+        return TrainStats(
             **totals,
-            "grad_norm": float(grad_norm),
-            "lr": self.scheduler.get_last_lr()[0],
-            "trained_tokens": float(batch.target_mask.sum()),
-        }
+            grad_norm=float(grad_norm),
+            lr=self.scheduler.get_last_lr()[0],
+            trained_tokens=float(batch.target_mask.sum()),
+        )
 
     def _accumulate(self, batch: TrainBatch, plan: list[list[int]]) -> dict[str, float]:
         """Forward and backward of the micro-batches `plan` lists (rows of `batch`), their

@@ -105,13 +105,11 @@ async def test_levels_through_the_rollout_generator(tiny_engine):
         assert trajectory.rewards["over_budget"] == float(over)
     again = await generate_groups(env, env.tasks(3, seed=1), client, RolloutConfig(), 4, 7)
     assert [t.info for g in again for t in g.trajectories] == [t.info for t in trajectories]
-    metrics = summarize(groups, 1.0, 1.0)["levels"]
+    metrics = summarize(groups, 1.0).levels
     assert set(metrics) == {"low", "high"}
     low = [t for t in trajectories if t.info["reasoning_level"] == "low"]
-    assert metrics["low"]["rollouts"] == len(low)
-    assert metrics["low"]["over_budget_rate"] == sum(t.completion_tokens > 2 for t in low) / len(
-        low
-    )
+    assert metrics["low"].rollouts == len(low)
+    assert metrics["low"].over_budget_rate == sum(t.completion_tokens > 2 for t in low) / len(low)
 
 
 def _episode(level: Level | None, sampled: list[list[int]]) -> Episode:

@@ -67,9 +67,9 @@ def test_loop_rates_in_the_summary():
         _trajectory(Status.OK, [looping_turn, plain_turn]),  # looped, then broke out
     ]
     assert trajectories[3].sampled_turns == [looping_turn, plain_turn]
-    summary = summarize([Group(task=TASK, trajectories=trajectories)], 1.0, 1.0)
-    assert summary["loop_rate"] == 2 / 4
-    assert summary["loop_truncation_rate"] == 1 / 2
+    summary = summarize([Group(task=TASK, trajectories=trajectories)], 1.0)
+    assert summary.loop_rate == 2 / 4
+    assert summary.loop_truncation_rate == 1 / 2
 
 
 async def test_the_loop_penalty_is_a_term_on_top_of_the_environments_rubric():
@@ -97,11 +97,11 @@ async def test_greedy_tiny_random_loops_and_sampled_does_not(tiny_engine):
     for temperature in (0.0, 1.0):
         client = PolicyClient.for_engine(tiny_engine, SamplingConfig(temperature=temperature))
         groups = await generate_groups(env, env.tasks(2), client, RolloutConfig(), 2, 0)
-        summary = summarize(groups, 1.0, 1.0)
+        summary = summarize(groups, 1.0)
         rates[temperature] = (
-            summary["loop_rate"],
-            summary["loop_truncation_rate"],
-            summary["rewards"]["looping"],
+            summary.loop_rate,
+            summary.loop_truncation_rate,
+            summary.rewards["looping"],
         )
     # greedy: every rollout loops and is truncated by it; sampled: none loops (and a rollout
     # truncated without a loop, if any, counts 0 in the truncation rate)

@@ -101,7 +101,7 @@ def test_bf16_autocast_trains_with_float32_weights_and_log_probs(batch):
     assert all(not torch.equal(p, before[n]) for n, p in model.named_parameters())
     # the behaviour log-probs came from the fp32 sampler: bf16 matmuls move the ratio a
     # little, the fp32 head keeps it close to 1
-    assert 0.9 < metrics["ratio"] < 1.1 and torch.isfinite(torch.tensor(metrics["loss"]))
+    assert 0.9 < metrics.ratio < 1.1 and torch.isfinite(torch.tensor(metrics.loss))
 
 
 def test_kl_to_the_reference_is_zero_at_the_start_and_grows(batch):
@@ -111,14 +111,14 @@ def test_kl_to_the_reference_is_zero_at_the_start_and_grows(batch):
     )
     first = trainer.step(batch)
     second = trainer.step(batch)
-    assert first["kl"] == 0.0 and second["kl"] > 0.0
+    assert first.kl == 0.0 and second.kl > 0.0
 
 
 def test_kl_with_lora_uses_the_base_as_reference(batch):
     _, trainer = _trainer("trainer.lora.rank=4", "trainer.algorithm.loss.kl_coef=0.1")
     first = trainer.step(batch)
     trainer.step(batch)
-    assert first["kl"] == 0.0 and trainer.step(batch)["kl"] > 0.0
+    assert first.kl == 0.0 and trainer.step(batch).kl > 0.0
 
 
 def test_kl_without_a_reference_is_refused():

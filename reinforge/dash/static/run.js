@@ -6,8 +6,9 @@ const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"
   "#17becf", "#7f7f7f", "#bcbd22"];
 // Charts in this order first (a key ending in "." stands for all below it), then the rest.
 const FIRST = ["reward_mean", "pass_rate", "rewards.", "completion_tokens_mean",
-  "truncation_rate", "entropy", "clip_fraction", "kl", "mismatch_kl", "grad_norm", "loss",
-  "nll", "lr", "staleness_mean", "staleness_max", "dropped_stale", "carried_over"];
+  "truncation_rate", "errored", "train.entropy", "train.clip_fraction", "train.kl",
+  "train.mismatch_kl", "train.grad_norm", "train.loss", "train.nll", "train.lr",
+  "staleness_mean", "staleness_max", "dropped_stale", "carried_over"];
 // The trainer's step is waiting for groups, training and the weight sync; what total_s
 // holds beyond them is recording (trajectories, checkpoints). rollout_idle_s is the rollout
 // side's, overlapping the trainer's, so it is a curve of its own and not a part.
@@ -18,8 +19,9 @@ const OTHER = "other: recording, checkpoints";
 const PART_COLORS = {trainer_idle_s: "#f28e2b", train_s: "#4e79a7", sync_s: "#59a14f",
   [OTHER]: "#bab0ac"};
 const CHART = {width: 470, height: 230};
-// What a metrics line holds beside the numbers to plot: its step, and what pass_rate means.
-const NOT_CURVES = ["step", "pass_threshold"];
+// What a metrics line holds beside the numbers to plot: its step, what pass_rate means, and
+// the step's size.
+const NOT_CURVES = ["step", "pass_threshold", "k", "tasks", "rollouts"];
 const RAW = " (raw)";
 
 const runs = new Map(); // id -> {rows, flat, next}: the metrics read so far

@@ -1,0 +1,110 @@
+"""A line of metrics.jsonl: what a step did, as one typed record.
+
+An RL step's line starts with the `RolloutSummary` of its groups, the numbers `reinforge
+eval` reports under the same names, then what the trainer did with them (`train`, null
+when every group was uniform), the policy versions and staleness, and where the time went.
+"""
+
+from __future__ import annotations
+
+from reinforge.rollout.summary import RolloutSummary
+from reinforge.train.trainer import Selection, TrainStats
+from reinforge.types import Record
+
+
+class StepTime(Record):
+    """A step's wall time, split. The trainer's parts (`trainer_idle_s`, `train_s`,
+    `sync_s`) lie within `total_s`; the rest of it is recording. `rollout_idle_s` is the
+    rollout side's and overlaps them."""
+
+    trainer_idle_s: float
+    """Waiting for the step's groups to finish."""
+    train_s: float
+    """Forward, backward and optimizer step."""
+    sync_s: float
+    """Getting the new weights to the engine."""
+    rollout_idle_s: float
+    """The rollout side with nothing to sample (at its staleness bound, or paused)."""
+    total_s: float
+    """From the end of the previous step to the end of this one."""
+
+
+class TokenRates(Record):
+    rollout: float
+    """Sampled tokens per second of the rollout side's busy time."""
+    train: float
+    """Trained tokens per second of `train_s`."""
+
+
+class StepMetrics(RolloutSummary):
+    step: int
+    """Counted from 1: the steps done after it."""
+    zero_variance_groups: int
+    """Groups whose rewards were all equal: no signal, not trained."""
+    masked_truncated: int
+    """Truncated completions left out of the loss (`trainer.truncated = "mask"`)."""
+    train: TrainStats | None
+    """None when nothing trained (every group uniform)."""
+    policy_version: int
+    """The engine's version after this step's weight sync."""
+    trained_samples: int
+    samples_per_min: float
+    """Trained samples per minute of `time.total_s`."""
+    staleness_max: int
+    """Trainer version minus the version that sampled a trained token, at most."""
+    staleness_mean: float
+    dropped_stale: int
+    """Groups that finished beyond `loop.max_staleness`: never trained."""
+    carried_over: int
+    """Trained rollouts sampled under two or more policy versions (partial mode)."""
+    time: StepTime
+    tokens_per_s: TokenRates
+
+
+class SftStepMetrics(Record):
+    step: int
+    epoch: int
+    """Counted from 0."""
+    sequences: int
+    train: TrainStats
+    time_s: float
+    tokens_per_s: float
+    """Trained tokens per second of `time_s`."""
+
+
+def step_metrics(
+    step: int,
+    summary: RolloutSummary,
+    selection: Selection,
+    trained: TrainStats | None,
+    *,
+    trained_version: int,
+    policy_version: int,
+    dropped_stale: int,
+    time: StepTime,
+    rollout_tokens_per_s: float,
+) -> StepMetrics:
+    """`summary` is `summarize` of the step's groups; staleness is the trainer's version
+    when it trained (`trained_version`) minus the version that sampled each trained token."""
+    staleness = [trained_version - v for t in selection.trajectories for v in t.policy_versions]
+    samples = len(selection.trajectories)
+    trained_tokens = trained.trained_tokens if trained is not None else 0.0
+    return StepMetrics(
+        **dict(summary),
+        step=step,
+        zero_variance_groups=selection.zero_variance_groups,
+        masked_truncated=selection.masked_truncated,
+        train=trained,
+        policy_version=policy_version,
+        trained_samples=samples,
+        samples_per_min=60 * samples / time.total_s if time.total_s > 0 else 0.0,
+        staleness_max=max(staleness, default=0),
+        staleness_mean=sum(staleness) / len(staleness) if staleness else 0.0,
+        dropped_stale=dropped_stale,
+        carried_over=sum(len(set(t.policy_versions)) > 1 for t in selection.trajectories),
+        time=time,
+        tokens_per_s=TokenRates(
+            rollout=rollout_tokens_per_s,
+            train=trained_tokens / time.train_s if time.train_s > 0 else 0.0,
+        ),
+    )
