@@ -13,7 +13,8 @@ from reinforge.envs.config import EnvConfig
 from reinforge.envs.environment import Harness
 from reinforge.envs.registry import load_configured
 from reinforge.errors import UsageError
-from reinforge.train.config import ConstantNorm, TrainerConfig
+from reinforge.train.algorithm import ConstantNorm
+from reinforge.train.config import TrainerConfig
 
 from .commands import ROOT, reinforge
 

@@ -17,8 +17,8 @@ from reinforge.config import Config
 from reinforge.errors import UsageError
 from reinforge.orchestrate.metrics import SftStepMetrics
 from reinforge.orchestrate.record import RunRecorder
+from reinforge.train.algorithm import PPOClipLoss, SFTLoss
 from reinforge.train.checkpoints import latest_checkpoint, load_trainer_state
-from reinforge.train.config import PPOClipLoss, SFTLoss
 from reinforge.train.sft import Example, schedule, train_batch
 from reinforge.train.sharded import require_one_process
 from reinforge.train.trainable import load_trainable

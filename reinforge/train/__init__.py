@@ -1,6 +1,6 @@
 """Training: advantages, losses and the algorithm config (batching and the trainer follow)."""
 
-from reinforge.train.config import (
+from reinforge.train.algorithm import (
     AdvantageConfig,
     AggregationConfig,
     AlgorithmConfig,

@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from reinforge.policy.models import load_model
+from reinforge.train.algorithm import ConstantNorm, PPOClipLoss, SequenceMean, TokenMean
 from reinforge.train.batching import TrainBatch, micro_batches
-from reinforge.train.config import ConstantNorm, PPOClipLoss, SequenceMean, TokenMean
 from reinforge.train.logprobs import selective_logprobs
 from reinforge.types import Trajectory
 

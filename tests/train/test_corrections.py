@@ -8,7 +8,7 @@ import torch
 
 from reinforge.config import Config, load_config
 from reinforge.errors import ConfigError
-from reinforge.train.config import MaskedIS, NoCorrection, PPOClipLoss, TruncatedIS
+from reinforge.train.algorithm import MaskedIS, NoCorrection, PPOClipLoss, TruncatedIS
 from reinforge.train.losses import (
     kl_k3,
     masked_importance_weights,

@@ -19,14 +19,9 @@ from reinforge.errors import UsageError
 from reinforge.orchestrate.loop import train
 from reinforge.orchestrate.sft import train_sft
 from reinforge.policy.models import load_model
+from reinforge.train.algorithm import AlgorithmConfig, PPOClipLoss, SequenceMean
 from reinforge.train.batching import TrainBatch, micro_batches
-from reinforge.train.config import (
-    AlgorithmConfig,
-    OptimConfig,
-    PPOClipLoss,
-    SequenceMean,
-    TrainerConfig,
-)
+from reinforge.train.config import OptimConfig, TrainerConfig
 from reinforge.train.ranks import run_on_ranks
 from reinforge.train.sharded import ShardedTrainer
 from reinforge.train.trainer import Trainer
@@ -85,7 +80,7 @@ def _train(
     if config.algorithm.loss.needs_reference:
         reference = load_model("tiny-random")[0].requires_grad_(False)
     trainer = kind(model, config, OPTIM, total_steps=STEPS, reference=reference)
-    return trainer, [trainer.step(batch) for _ in range(STEPS)]
+    return trainer, [trainer.step(batch).model_dump() for _ in range(STEPS)]
 
 
 def _on_rank(

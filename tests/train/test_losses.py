@@ -4,7 +4,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from reinforge.train.config import (
+from reinforge.train.algorithm import (
     AlgorithmConfig,
     ConstantNorm,
     DrGRPOAdvantage,
