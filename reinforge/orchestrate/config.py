@@ -22,6 +22,14 @@ class RunConfig(Section):
     """Seeds task order and sampling."""
     checkpoint_every: int = Field(10, ge=1)
     """Steps between checkpoints; the last step always writes one."""
+    trackers: list[Literal["wandb", "mlflow", "trackio"]] = Field(default_factory=list)
+    """Experiment trackers that also get each step's metrics and the config (W&B, MLflow,
+    trackio; `pip install 'reinforge[trackers]'`); metrics.jsonl is written either way and
+    stays the record. Each is set up by its own environment variables (WANDB_MODE,
+    MLFLOW_TRACKING_URI, TRACKIO_DIR, ...)."""
+    project: str = "reinforge"
+    """The W&B or trackio project, or MLflow experiment, that the run is logged under (as
+    `name`)."""
 
 
 class LoopConfig(Section):

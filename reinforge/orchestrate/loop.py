@@ -35,6 +35,7 @@ from reinforge.orchestrate.engines import open_engine
 from reinforge.orchestrate.metrics import StepMetrics, StepTime, step_metrics
 from reinforge.orchestrate.record import RunRecorder
 from reinforge.orchestrate.rollouts import Finished, RolloutSide
+from reinforge.orchestrate.trackers import check_installed
 from reinforge.policy.models import load_model
 from reinforge.rollout.summary import summarize
 from reinforge.train.checkpoints import latest_checkpoint, load_trainer_state
@@ -49,6 +50,7 @@ async def train(
     """Run `config.run.steps` steps, or what is left of them after the last checkpoint;
     returns the run directory."""
     require_one_process(config.trainer)
+    check_installed(config.run)
     env = load_configured(config.env)
     checkpoint = latest_checkpoint(config.run_dir) if resume else None
     if resume and checkpoint is None:

@@ -15,6 +15,7 @@ from typing import Any, Self
 from transformers import PreTrainedTokenizerBase
 
 from reinforge.config import Config
+from reinforge.orchestrate.trackers import Trackers
 from reinforge.train.checkpoints import open_run, write_checkpoint
 from reinforge.train.trainer import Trainer
 from reinforge.types import Group, Record
@@ -31,7 +32,13 @@ class RunRecorder:
         self.config = config
         self.tokenizer = tokenizer
         self.directory = config.run_dir
-        self._metrics = open_run(self.directory, config.model_dump_json(indent=2), start_step)
+        # Trackers first: one that cannot start leaves no half-made run directory behind.
+        self._trackers = Trackers(config.run, config.model_dump(mode="json"))
+        try:
+            self._metrics = open_run(self.directory, config.model_dump_json(indent=2), start_step)
+        except BaseException:
+            self._trackers.close()
+            raise
 
     def record(
         self,
@@ -53,12 +60,14 @@ class RunRecorder:
                     out.write(trajectory.model_dump_json() + "\n")
         self._metrics.write(metrics.model_dump_json() + "\n")
         self._metrics.flush()
+        self._trackers.log(step, metrics)
         if step % self.config.run.checkpoint_every == 0 or step == self.config.run.steps:
             state = {"step": step, **state, **trainer.state_dict()}
             write_checkpoint(self.directory, step, trainer.model, self.tokenizer, state)
 
     def close(self) -> None:
         self._metrics.close()
+        self._trackers.close()
 
     def __enter__(self) -> Self:
         return self

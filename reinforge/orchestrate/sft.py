@@ -17,6 +17,7 @@ from reinforge.config import Config
 from reinforge.errors import UsageError
 from reinforge.orchestrate.metrics import SftStepMetrics
 from reinforge.orchestrate.record import RunRecorder
+from reinforge.orchestrate.trackers import check_installed
 from reinforge.train.algorithm import PPOClipLoss, SFTLoss
 from reinforge.train.checkpoints import latest_checkpoint, load_trainer_state
 from reinforge.train.sft import Example, schedule, train_batch
@@ -54,6 +55,7 @@ def train_sft(
     """Train `config.sft.epochs` epochs over `examples` (config from `sft_config`), or what
     is left of them after the run's last checkpoint; returns the run directory."""
     require_one_process(config.trainer)
+    check_installed(config.run)
     run_dir = config.run_dir
     checkpoint = latest_checkpoint(run_dir) if resume else None
     if resume and checkpoint is None:
