@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import pytest
 
 from reinforge.cli import build_parser, parse
@@ -27,8 +29,15 @@ def test_every_flag_names_a_config_key_and_shows_its_default(command, root):
     defaults = root()
     for flag in command.FLAGS:
         value = defaults
-        for part in flag.key.split("."):
-            value = getattr(value, part)
+        *sections, name = flag.key.split(".")
+        for part in sections:  # a section that is off by default shows its class's defaults
+            section = getattr(value, part)
+            if section is None:
+                annotation = type(value).model_fields[part].annotation
+                (kind,) = [t for t in get_args(annotation) if t is not type(None)]
+                section = kind()
+            value = section
+        value = getattr(value, name)
         shown = "none" if value is None else value
         assert f"(default: {shown}; key {flag.key})" in help_text, flag.name
 

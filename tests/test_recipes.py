@@ -53,7 +53,7 @@ async def test_a_judge_behind_a_real_server(judge_url, tiny_engine):
     assert "the judge at http://127.0.0.1:9/v1 failed: Connection error" in (trajectory.error or "")
 
 
-@pytest.mark.parametrize("example", ["budgets", "doom_loop", "judge"])
+@pytest.mark.parametrize("example", ["budgets", "doom_loop", "judge", "augment"])
 def test_the_recipe_examples_train_on_the_tiny_model(example, tmp_path, judge_url):
     """`reinforge train examples/X.toml model.name=tiny-random run.steps=2`, with two tasks a
     step of two rollouts to keep it short, and the judge pointed at the test's server."""
@@ -78,6 +78,13 @@ def test_the_recipe_examples_train_on_the_tiny_model(example, tmp_path, judge_ur
         assert set(rows[0]["levels"]) <= {"low", "medium", "high"} and rows[0]["levels"]
         assert all(t["info"]["reasoning_level"] in rows[0]["levels"] for t in trajectories)
         assert all("over_budget" in t["rewards"] for t in trajectories)
+    if example == "augment":  # three prompts, drawn per rollout and recorded
+        for trajectory in trajectories:
+            drawn = trajectory["info"]["harness"]["system_prompt"]
+            first = trajectory["messages"][0]
+            assert drawn in (0, 1, 2)
+            if drawn == 2:
+                assert first["role"] == "system" and first["content"].startswith("Solve the")
     if example == "doom_loop":
         assert all("looping" in t["rewards"] for t in trajectories)
     if example == "judge":

@@ -13,7 +13,7 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel
 
@@ -120,6 +120,12 @@ def _field(root: type[BaseModel], defaults: BaseModel, key: str) -> tuple[str, A
     *sections, name = key.split(".")
     owner: BaseModel = defaults
     for section in sections:
-        owner = getattr(owner, section)
+        value = getattr(owner, section)
+        if value is None:  # an optional section that is off: its class's defaults
+            annotation = type(owner).model_fields[section].annotation
+            (kind,) = [t for t in get_args(annotation) if isinstance(t, type)
+                       and issubclass(t, BaseModel)]  # fmt: skip
+            value = kind()
+        owner = value
     description = " ".join((type(owner).model_fields[name].description or name).split())
     return description.split(". ")[0].rstrip("."), getattr(owner, name)

@@ -38,6 +38,7 @@ FLAGS = (
     Flag("--seed", "eval.seed", "S"),
     Flag("--dtype", "engine.dtype", "{float32,bfloat16}"),
     Flag("--agent", "eval.agent", "{model,oracle,nop}"),
+    Flag("--harness-variants", "env.augment.variants", "N"),
 )
 
 
@@ -72,9 +73,16 @@ def run(args: argparse.Namespace) -> int:
     config = load(args)
     from reinforge.envs.harbor import use_agent
     from reinforge.envs.registry import load_configured
+    from reinforge.errors import UsageError
 
     env = load_configured(config.env)
     use_agent(env, config.eval.agent)
+    augment = config.env.augment
+    if augment is not None and augment.variants and not augment.varies(list(env.harness.tools)):
+        raise UsageError(
+            f"{augment.variants} harness variants of {env.name!r} would all be alike: give "
+            "env.augment.system_prompts, notes, tool_names or tool_descriptions"
+        )
     out = config.eval.out or Path("runs") / f"eval-{env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     return asyncio.run(_run(config, env, out))
 
@@ -100,14 +108,15 @@ async def _run(config: EvalConfig, env: Any, out: Path) -> int:
         with console.status(f"loading {config.model.name}"):
             engine = load_engine(config.model, config.engine)
         client = PolicyClient.for_engine(engine, sampling)
-    total = config.eval.tasks * config.eval.rollouts_per_task
+    variants = config.env.augment.variants if config.env.augment is not None else 0
+    rollouts_per_task = config.eval.rollouts_per_task * max(variants, 1)  # under each variant
     try:
-        with progress(console, total) as advance:
+        with progress(console, config.eval.tasks * rollouts_per_task) as advance:
             _, summary = await evaluate(
                 env,
                 client,
                 config.eval.tasks,
-                config.eval.rollouts_per_task,
+                rollouts_per_task,
                 config.rollout,
                 config.eval.seed,
                 out,
@@ -198,6 +207,14 @@ def _print_summary(console: Any, summary: EvalSummary, out: Path) -> None:
                 f"{level.reward_mean:.3f}",
             )
             for name, level in summary.levels.items()
+        ),
+        *(
+            (
+                f"harness variant {number}: reward",
+                f"{variant.reward_mean:.3f} ({variant.rollouts - variant.errored} scored, "
+                f"{variant.errored} errored)",
+            )
+            for number, variant in summary.variants.items()
         ),
         ("hack flags", ", ".join(f"{k} {v}" for k, v in summary.hack_flags.items()) or "none"),
         ("status", ", ".join(f"{k} {v}" for k, v in sorted(summary.status.items()))),

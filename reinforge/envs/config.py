@@ -1,6 +1,7 @@
 """The environment's config section: which environment, its loader's arguments, the one
 knob on its harness that runs change most often, and what a run adds to any environment
-(reasoning levels, a loop penalty, judged criteria, a conciseness bonus: `recipes.py`)."""
+(reasoning levels, harness augmentation, a loop penalty, judged criteria, a conciseness
+bonus: `recipes.py`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from pydantic import Field
 
+from reinforge.envs.augment import HarnessAugmentation
 from reinforge.envs.judge import JudgeConfig
 from reinforge.envs.levels import ReasoningLevels
 from reinforge.types import Section
@@ -23,6 +25,9 @@ class EnvConfig(Section):
     levels: ReasoningLevels | None = None
     """An episode over its budget scores `over_budget_reward` whatever its answer (rubric
     term `over_budget`). docs/recipes.md."""
+    augment: HarnessAugmentation | None = None
+    """Vary the harness per rollout (system prompt, tool names, descriptions and order,
+    notes); None: every rollout meets the environment's harness. docs/recipes.md."""
     loop_penalty: float = Field(0.0, ge=0.0)
     """Subtracted from the reward of an episode with a looping turn (rubric term
     `looping`); 0: no term. Loop rates are reported either way."""

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from reinforge.envs.augment import HarnessAugmentation
 from reinforge.envs.episode import Episode
 from reinforge.envs.levels import ReasoningLevels
 from reinforge.envs.rubric import Rubric
@@ -39,8 +40,8 @@ Step = Continue | Finished
 
 @dataclass
 class Harness:
-    """How the agent is driven: system prompt, tools, turn limit, token limits, and the
-    reasoning levels varied per rollout."""
+    """How the agent is driven: system prompt, tools, turn limit, token limits, and what
+    varies per rollout (reasoning levels, harness variants)."""
 
     system_prompt: str | None = None
     tools: Sequence[Tool] = ()
@@ -50,6 +51,8 @@ class Harness:
     """Sampled tokens over the whole episode; past it the episode ends as truncated."""
     levels: ReasoningLevels | None = None
     """Reasoning levels, one drawn per rollout and told to the model; None: none."""
+    augment: HarnessAugmentation | None = None
+    """Harness variants, one drawn per rollout; None: this harness for every rollout."""
 
     def initial_messages(self, task: Task) -> list[Message]:
         prompt = [dict(m) for m in task.prompt]
@@ -127,11 +130,11 @@ class Environment:
     async def _play(self, client: ChatClient, episode: Episode) -> None:
         """The agent loop: chat, run tool calls, or let the environment respond."""
         harness = self.harness
+        tools = self._episode_tools(episode)
+        schemas = [t.schema for t in tools.values()] or None
         while episode.turns < harness.max_turns:
             try:
-                reply = await client.chat(
-                    episode.messages, harness.tool_schemas, harness.max_tokens_per_turn
-                )
+                reply = await client.chat(episode.messages, schemas, harness.max_tokens_per_turn)
             except EpisodeLimit:
                 episode.truncated = True
                 return
@@ -140,7 +143,7 @@ class Environment:
             # A turn cut at the token limit goes to the environment like any other (it may
             # call it invalid); the episode counts as truncated if it ends on such a turn.
             episode.truncated = reply.truncated
-            if self._tools and (reply.tool_calls or "<tool_call>" in reply.text):
+            if tools and (reply.tool_calls or "<tool_call>" in reply.text):
                 episode.messages.extend(await self._run_tools(episode, reply.message))
                 if self.is_done(episode):  # reached through a tool, on any turn
                     episode.truncated = False
@@ -152,8 +155,16 @@ class Environment:
             episode.messages.extend(step.messages)
         episode.truncated = True
 
+    def _episode_tools(self, episode: Episode) -> dict[str, Tool]:
+        """The tools by the names this episode was shown them (a harness variant may
+        rename them), in the order it was offered them."""
+        if episode.tools is None:
+            return self._tools
+        return {t.name: t for t in episode.tools}
+
     async def _run_tools(self, episode: Episode, message: Message) -> list[Message]:
         """Run each call; errors go back to the model as tool messages and are counted."""
+        tools = self._episode_tools(episode)
         results: list[Message] = []
         for problem in parse_tool_calls(message.get("content") or "").errors:
             episode.tool_errors += 1
@@ -161,9 +172,9 @@ class Environment:
         for call in message.get("tool_calls") or []:
             function = call["function"]
             episode.tool_calls += 1
-            tool = self._tools.get(function["name"])
+            tool = tools.get(function["name"])
             if tool is None:
-                known = ", ".join(self._tools)
+                known = ", ".join(tools)
                 result = ToolResult(
                     f"Error: no tool named {function['name']!r}; tools: {known}", error=True
                 )

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reinforge.envs.levels import Level
 from reinforge.types import Message, Task
+
+if TYPE_CHECKING:
+    from reinforge.envs.tools import Tool
 
 
 @dataclass
@@ -23,6 +26,9 @@ class Episode:
     truncated: bool = False
     level: Level | None = None
     """The reasoning level the rollout was given, when the run draws levels."""
+    tools: list[Tool] | None = None
+    """The tools as this rollout was shown them, when the run varies the harness (renamed,
+    redescribed, reordered); None: the harness's."""
     sampled_token_ids: list[list[int]] = field(default_factory=list, repr=False)
     """The token ids the policy sampled, one list per turn, filled in by the rollout
     generator when the episode ends: what graders of length and repetition count."""

@@ -1,7 +1,7 @@
-"""What a run adds to any environment from its `env` config section: reasoning levels in
-its harness; a token-budget override, a loop penalty, judged criteria and a conciseness
-bonus in its rubric. The environment's own terms come first and keep their names and
-weights, so no environment changes to take part.
+"""What a run adds to any environment from its `env` config section: reasoning levels and
+harness variants in its harness; a token-budget override, a loop penalty, judged criteria
+and a conciseness bonus in its rubric. The environment's own terms come first and keep
+their names and weights, so no environment changes to take part.
 """
 
 from __future__ import annotations
@@ -24,6 +24,15 @@ if TYPE_CHECKING:
 def add_recipes(environment: Environment, config: EnvConfig) -> None:
     """Give `environment` the levels and rubric terms `config` asks for."""
     terms: list[Reward | GroupReward | Override] = []
+    if config.augment is not None:
+        unknown = config.augment.unknown_tools(list(environment.harness.tools))
+        if unknown:
+            offered = ", ".join(t.name for t in environment.harness.tools) or "none"
+            raise UsageError(
+                f"env.augment names tools that {environment.name!r} does not offer: "
+                f"{', '.join(unknown)} (its tools: {offered})"
+            )
+        environment.harness = replace(environment.harness, augment=config.augment)
     if config.levels is not None:
         environment.harness = replace(environment.harness, levels=config.levels)
         terms.append(Override(over_budget, config.levels.over_budget_reward))

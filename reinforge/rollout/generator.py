@@ -88,8 +88,10 @@ async def _rollout(
 ) -> _Done:
     # Drawn before the rollout's try: a level that cannot be drawn is the run's mistake
     # (a task without the field its budget scales by), not one rollout's error.
-    levels = env.harness.levels
-    level = None if levels is None else levels.draw(task, f"{seed}/{task.id}/{index}")
+    key = f"{seed}/{task.id}/{index}"
+    levels, augment = env.harness.levels, env.harness.augment
+    level = None if levels is None else levels.draw(task, key)
+    variant = None if augment is None else augment.draw(key, index, seed)
     async with limit:
         episode_client = client.episode(env.harness.max_total_tokens, _seed(seed, task, index))
         started = time.perf_counter()
@@ -99,6 +101,10 @@ async def _rollout(
         episode: Episode | None = None
         try:
             episode = env.new_episode(task)
+            if variant is not None:  # the harness's wording, not the environment's
+                episode.messages = variant.messages(episode.messages)
+                episode.tools = variant.tools(list(env.harness.tools))
+                trajectory.tools = [t.schema for t in episode.tools] or None
             if level is not None:  # told by the harness, not by the environment
                 episode.level = level
                 episode.messages = level.tell(episode.messages)
@@ -113,6 +119,11 @@ async def _rollout(
         _record(trajectory, episode_client, episode, time.perf_counter() - started)
         if level is not None:
             trajectory.info.update(reasoning_level=level.name, budget=level.budget)
+        if variant is not None:
+            shown = variant.tools(list(env.harness.tools))
+            trajectory.info["harness"] = variant.describe(shown)
+            if variant.number is not None:
+                trajectory.info["harness_variant"] = variant.number
     if on_rollout is not None:
         on_rollout(trajectory)
     finished = trajectory.status in (Status.OK, Status.TRUNCATED)

@@ -7,6 +7,7 @@ import statistics
 from collections import Counter
 from math import comb
 
+from reinforge.envs.augment import VariantStats, variant_metrics
 from reinforge.envs.hacks import hack_counts
 from reinforge.envs.levels import LevelStats, level_metrics
 from reinforge.envs.loops import loop_rates
@@ -59,6 +60,8 @@ class RolloutSummary(Record):
     """Fraction of truncated rollouts whose last turn loops."""
     levels: dict[str, LevelStats]
     """Per reasoning level; empty when the environment has none."""
+    variants: dict[str, VariantStats]
+    """Per fixed harness variant (`env.augment.variants`); empty without them."""
     hack_flags: dict[str, int]
     """Rollouts carrying each hack detector's flag."""
     status: dict[str, int]
@@ -103,6 +106,7 @@ def summarize(groups: list[Group], pass_threshold: float) -> RolloutSummary:
         loop_rate=loop_rate,
         loop_truncation_rate=loop_truncation_rate,
         levels=level_metrics(trajectories),
+        variants=variant_metrics(trajectories),
         hack_flags=hack_counts(trajectories),
         status={s.value: n for s, n in status.items()},
     )

@@ -1,0 +1,169 @@
+"""Harness augmentation: each rollout meets a variant of the harness (system prompt, tool
+names, descriptions and order, notes in the prompt), so a policy learns the task rather
+than one harness's wording; and an eval over fixed variants measures how much a policy's
+reward depends on that wording.
+
+A variant is drawn from a key, so the same seed gives the same variants; it is recorded
+on the trajectory (`info["harness"]`, and `info["harness_variant"]` when the run uses a
+fixed number of them).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Self
+
+from pydantic import Field, model_validator
+
+from reinforge.types import Message, Record, Section, Status, Trajectory
+
+if TYPE_CHECKING:
+    from reinforge.envs.tools import Tool
+
+
+class HarnessAugmentation(Section):
+    """What varies between rollouts; a feature left empty does not vary."""
+
+    system_prompts: list[str] = Field(default_factory=list)
+    """System prompts to draw from; `{prompt}` stands for the environment's own (empty when
+    it has none), so a variant may wrap it. Empty: the environment's prompt unchanged."""
+    tool_names: dict[str, list[str]] = Field(default_factory=dict)
+    """Other names for a tool, by its own name, e.g. `{ search = ["lookup", "find"] }`:
+    each rollout shows one of the names (its own included) and calls go to the tool."""
+    tool_descriptions: dict[str, list[str]] = Field(default_factory=dict)
+    """Paraphrases of a tool's description, by its own name; drawn with the original."""
+    shuffle_tools: bool = True
+    """Offer the tools in a drawn order."""
+    notes: list[str] = Field(default_factory=list)
+    """Texts that may join the system prompt (memory notes, skills), each independently."""
+    note_rate: float = Field(0.5, ge=0.0, le=1.0)
+    """How often each note is included."""
+    variants: int = Field(0, ge=0)
+    """Fixed variants, drawn from the seed, that rollout i of a task meets in turn (i mod N);
+    `reinforge eval` runs every task under each of them and reports reward per variant.
+    0: every rollout draws a variant of its own."""
+
+    @model_validator(mode="after")
+    def _prompts_use_only_prompt(self) -> Self:
+        for prompt in self.system_prompts:
+            try:
+                prompt.format(prompt="")
+            except (KeyError, IndexError, ValueError) as error:
+                raise ValueError(f"system_prompts may use only {{prompt}}: {error}") from error
+        return self
+
+    def varies(self, tools: list[Tool]) -> bool:
+        """Whether two variants can differ for a harness offering `tools`."""
+        names = {t.name for t in tools}
+        return bool(
+            self.system_prompts
+            or self.notes
+            or any(self.tool_names.get(n) or self.tool_descriptions.get(n) for n in names)
+            or (self.shuffle_tools and len(tools) > 1)
+        )
+
+    def unknown_tools(self, tools: list[Tool]) -> list[str]:
+        """Tool names the config mentions that the environment does not offer."""
+        offered = {t.name for t in tools}
+        return sorted((set(self.tool_names) | set(self.tool_descriptions)) - offered)
+
+    def draw(self, rollout_key: str, index: int, seed: int | None) -> Variant:
+        """The variant of rollout `index`, whose own key is `rollout_key`; with fixed
+        variants the rollout meets variant `index % variants` of the seed."""
+        number = index % self.variants if self.variants else None
+        key = rollout_key if number is None else f"{seed}/harness-variant/{number}"
+        rng = random.Random(key)
+        prompt = rng.randrange(len(self.system_prompts)) if self.system_prompts else None
+        notes = [i for i in range(len(self.notes)) if rng.random() < self.note_rate]
+        names = {tool: rng.choice([tool, *alias]) for tool, alias in self.tool_names.items()}
+        described = {
+            tool: rng.randrange(len(paraphrases) + 1) - 1
+            for tool, paraphrases in self.tool_descriptions.items()
+        }
+        return Variant(self, number, prompt, notes, names, described, rng.random())
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One rollout's harness: which prompt, notes, names and descriptions it drew."""
+
+    augmentation: HarnessAugmentation = field(repr=False)
+    number: int | None
+    prompt: int | None
+    """Index into `system_prompts`; None: the environment's own."""
+    notes: list[int]
+    names: dict[str, str]
+    """Shown name by the tool's own name, for the tools the config renames."""
+    descriptions: dict[str, int]
+    """Index into the tool's paraphrases; -1: its own description."""
+    order_key: float
+    """Seeds the tool order, so the same variant always orders tools alike."""
+
+    def messages(self, messages: list[Message]) -> list[Message]:
+        """`messages` with this variant's system prompt and notes."""
+        has_system = bool(messages) and messages[0].get("role") == "system"
+        own = (messages[0].get("content") or "") if has_system else ""
+        system = own
+        if self.prompt is not None:
+            system = self.augmentation.system_prompts[self.prompt].format(prompt=own)
+        notes = [self.augmentation.notes[i] for i in self.notes]
+        system = "\n\n".join(part for part in (system, *notes) if part)
+        rest = messages[1:] if has_system else messages
+        if not system:
+            return list(rest)
+        head = messages[0] if has_system else {"role": "system"}
+        return [{**head, "content": system}, *rest]
+
+    def tools(self, tools: list[Tool]) -> list[Tool]:
+        """`tools` as this variant shows them: renamed, redescribed and reordered copies
+        (calls by a shown name run the tool itself)."""
+        shown = []
+        for original in tools:
+            tool = copy.copy(original)
+            tool.name = self.names.get(original.name, original.name)
+            pick = self.descriptions.get(original.name, -1)
+            if pick >= 0:
+                tool.description = self.augmentation.tool_descriptions[original.name][pick]
+            shown.append(tool)
+        if self.augmentation.shuffle_tools:
+            random.Random(self.order_key).shuffle(shown)
+        return shown
+
+    def describe(self, shown: list[Tool]) -> dict[str, Any]:
+        """What `info["harness"]` records."""
+        return {
+            "system_prompt": self.prompt,
+            "notes": self.notes,
+            "tools": [t.name for t in shown],
+            "descriptions": {name: i for name, i in self.descriptions.items() if i >= 0},
+        }
+
+
+class VariantStats(Record):
+    """One fixed harness variant's rollouts in a summary."""
+
+    rollouts: int
+    reward_mean: float
+    """Over the variant's scored rollouts (0 when none was scored)."""
+    errored: int
+
+
+def variant_metrics(trajectories: list[Trajectory]) -> dict[str, VariantStats]:
+    """Per fixed variant, by number; empty when the run drew no fixed variants."""
+    by_variant: dict[int, list[Trajectory]] = defaultdict(list)
+    for trajectory in trajectories:
+        if "harness_variant" in trajectory.info:
+            by_variant[trajectory.info["harness_variant"]].append(trajectory)
+    stats: dict[str, VariantStats] = {}
+    for number, group in sorted(by_variant.items()):
+        scored = [t for t in group if t.status in (Status.OK, Status.TRUNCATED)]
+        stats[str(number)] = VariantStats(
+            rollouts=len(group),
+            reward_mean=statistics.fmean(t.reward or 0.0 for t in scored) if scored else 0.0,
+            errored=len(group) - len(scored),
+        )
+    return stats
