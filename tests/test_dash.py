@@ -30,6 +30,7 @@ from reinforge.dash.app import create_app
 from reinforge.orchestrate.metrics import StepMetrics, StepTime, step_metrics
 from reinforge.policy.chat import ChatFormat
 from reinforge.policy.models import load_tokenizer
+from reinforge.rollout import diff
 from reinforge.rollout.evaluate import EvalSummary
 from reinforge.rollout.store import RolloutWriter
 from reinforge.rollout.summary import summarize
@@ -315,6 +316,28 @@ def test_trajectory_viewer_marks_trained_tokens(
     browser.find_element("css selector", "#rows tbody tr").click()
     _wait(browser, lambda d: "grader could not parse" in d.find_element("id", "detail").text)
     assert "not trained" in browser.find_element("id", "detail").text
+
+
+@needs_browser
+def test_what_changed_between_two_steps(browser: Any, dash_url: str, runs_dir: Path) -> None:
+    _open(browser, f"{dash_url}/run.html?run=alpha", ".diff-link")
+    browser.find_element("css selector", ".diff-link").click()
+    _wait(browser, lambda d: _count(d, "#metrics tbody tr") > 0)
+    assert "diff.html?run=alpha" in browser.current_url
+
+    def reward_row() -> list[str]:
+        row = browser.find_element("css selector", "#metrics tr[data-metric='reward (mean)']")
+        return [cell.text for cell in row.find_elements("css selector", "td")]
+
+    # alpha learns: steps 1-2 (a window of 3 at the first step) against steps 11-12
+    _open(browser, f"{dash_url}/diff.html?run=alpha", "#metrics tbody tr", "diff.png")
+    _, before, after, change = reward_row()
+    assert float(before) < float(after) and change.startswith("+")
+    assert _count(browser, "#rose tbody tr") > 0  # the right answers' numbers
+    _open(browser, f"{dash_url}/diff.html?run=alpha&from=1&to=2&window=1", "#metrics tbody tr")
+    report = diff.compare(*diff.run_sides(runs_dir / "alpha", 1, 2, window=1))
+    (reward,) = [row for row in report.rows if row.metric == "reward (mean)"]
+    assert reward_row()[1:3] == [f"{reward.before:.3f}", f"{reward.after:.3f}"]
 
 
 @needs_browser

@@ -194,7 +194,9 @@ function renderSidebar() {
       ` ${run.total ? `${run.done}/${run.total}` : run.done} steps, ${run.status}`),
   )));
   document.getElementById("trajectory-links").replaceChildren(...selected.map((id) => el("div", {},
-    el("a", {href: `trajectories.html?run=${encodeURIComponent(id)}`}, id))));
+    el("a", {href: `trajectories.html?run=${encodeURIComponent(id)}`}, id), " · ",
+    el("a", {href: `diff.html?run=${encodeURIComponent(id)}`, class: "diff-link"},
+      "what changed"))));
 }
 
 function choose(id, on) {
