@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import os
+import socket
+import threading
+import time
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import torch
+import uvicorn
 from transformers import PreTrainedModel
 
 from reinforge.policy.backends import SamplingEngine
 from reinforge.policy.chat import ChatFormat
-from reinforge.policy.config import EngineConfig, VllmConfig
-from reinforge.policy.engine import Completion, Engine
+from reinforge.policy.config import EngineConfig, ServerConfig, VllmConfig
+from reinforge.policy.engine import Completion, Engine, TokenListener
 from reinforge.policy.sampling import SamplingParams
+from reinforge.policy.server import create_app
 
 ENGINES = ["builtin", "vllm"]
 
@@ -30,8 +36,10 @@ class Recording:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
-        completion = await self.engine.generate(prompt_ids, params)
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, on_tokens: TokenListener | None = None
+    ) -> Completion:
+        completion = await self.engine.generate(prompt_ids, params, on_tokens)
         self.log.append((list(prompt_ids), completion))
         return completion
 
@@ -115,3 +123,26 @@ def any_engine(request: pytest.FixtureRequest) -> EngineUnderTest:
 @pytest.fixture(scope="session")
 def chat_format(tiny_engine: Engine) -> ChatFormat:
     return ChatFormat(tiny_engine.tokenizer)
+
+
+@contextmanager
+def http_server(engine: Any) -> Iterator[str]:
+    """The server's app over `engine` behind uvicorn on a free port, as `reinforge serve`
+    runs it, but in this process, where a test can reach the engine; yields the base URL
+    (`.../v1`)."""
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    port = listening.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, ServerConfig()), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listening]}, daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("the server did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        listening.close()

@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from reinforge.policy.engine import Sampled
 from reinforge.policy.sampling import SamplingParams
 
 from .conftest import EngineUnderTest
@@ -157,14 +158,15 @@ def test_identical_prompts_are_prefilled_once(tiny_engine):
     # Drive one prefill directly, so that all four requests are in it whatever the timing.
     from concurrent.futures import Future
 
-    from reinforge.policy.engine import _Batch, _Request
+    from reinforge.policy.batch import Batch
+    from reinforge.policy.engine import _Request
 
     prompt = [11, 12, 13, 14]
     requests = [_Request(prompt, sampling(max_tokens=1, seed=s), Future()) for s in range(4)]
     requests.append(_Request([9, 8], sampling(max_tokens=1, seed=9), Future()))
     before = tiny_engine.stats.prefill_tokens
     with tiny_engine._lock, torch.inference_mode():
-        tiny_engine._prefill(_Batch(), requests)
+        tiny_engine._prefill(Batch(), requests)
     assert tiny_engine.stats.prefill_tokens - before == len(prompt) + 2
     for request in requests:
         completion = request.future.result(timeout=0)
@@ -206,3 +208,45 @@ def test_weight_update_bumps_the_version_once_and_times_itself(tiny_engine):
     with pytest.raises(RuntimeError), tiny_engine.weight_update():
         raise RuntimeError("optimizer step failed")
     assert tiny_engine.version == version + 1
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+async def test_top_logprobs_are_the_k_largest_of_the_sampling_distribution(
+    any_engine: EngineUnderTest, temperature: float
+):
+    # The distribution a token is drawn from: the logits over the temperature (greedy: as
+    # they are). A greedy token is the most likely, so its log-prob is its own first entry.
+    prompt = list(range(100, 112))
+    params = sampling(max_tokens=6, temperature=temperature, seed=4, top_logprobs=5)
+    completion = await any_engine.engine.generate(prompt, params)
+    ids = torch.tensor([prompt + completion.token_ids])
+    with torch.no_grad():
+        logits = any_engine.reference(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+    expected = torch.log_softmax(logits / (temperature or 1.0), dim=-1)  # (T, V)
+    assert len(completion.top_logprobs) == len(completion.token_ids)
+    for k, (token, logprob, top) in enumerate(
+        zip(completion.token_ids, completion.logprobs, completion.top_logprobs, strict=True)
+    ):
+        top_ids, top_values = (list(column) for column in zip(*top, strict=True))
+        assert len(top) == 5 and top_values == sorted(top_values, reverse=True)
+        largest = expected[k].topk(5).values
+        # Near-ties may list either token: compare values, each under the reference.
+        assert torch.allclose(torch.tensor(top_values), largest, atol=1e-4)
+        assert torch.allclose(torch.tensor(top_values), expected[k, top_ids], atol=1e-4)
+        if token in top_ids:
+            assert logprob == top_values[top_ids.index(token)]
+        if temperature == 0:
+            assert top_ids[0] == token
+    plain = await any_engine.engine.generate(prompt, sampling(max_tokens=2, seed=4))
+    assert plain.top_logprobs == []  # nothing kept for a request that does not ask
+
+
+async def test_a_listener_gets_every_token_before_the_completion(any_engine: EngineUnderTest):
+    heard: list[Sampled] = []
+    completion = await any_engine.engine.generate(
+        [10, 20, 30], sampling(max_tokens=7, seed=1, top_logprobs=2), heard.append
+    )
+    assert [t for s in heard for t in s.token_ids] == completion.token_ids
+    assert [lp for s in heard for lp in s.logprobs] == completion.logprobs
+    assert [top for s in heard for top in s.top_logprobs] == completion.top_logprobs
+    assert [v for s in heard for v in s.policy_versions] == completion.policy_versions

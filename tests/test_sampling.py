@@ -16,7 +16,7 @@ def rows(*params: SamplingParams) -> list[RowSampler]:
 
 def test_logprob_at_temperature_one_is_the_models_log_softmax():
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
-    tokens, logprobs = sample(logits, rows(sampling(seed=3)))
+    tokens, logprobs, _ = sample(logits, rows(sampling(seed=3)))
     expected = torch.log_softmax(logits, dim=-1)[0, tokens[0]]
     assert torch.allclose(logprobs[0], expected)
 
@@ -27,7 +27,7 @@ def test_nucleus_renormalises_over_the_kept_tokens():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
     seen = set()
     for seed in range(40):
-        token, logprob = sample(logits, rows(sampling(top_p=0.7, seed=seed)))
+        token, logprob, _ = sample(logits, rows(sampling(top_p=0.7, seed=seed)))
         seen.add(int(token))
         expected = {0: math.log(0.625), 1: math.log(0.375)}[int(token)]
         assert math.isclose(float(logprob), expected, rel_tol=1e-5)
@@ -37,7 +37,7 @@ def test_nucleus_renormalises_over_the_kept_tokens():
 def test_temperature_scales_the_reported_distribution():
     # At T=2 the logits [2, 0] become [1, 0]: p = e/(e+1) for token 0.
     logits = torch.tensor([[2.0, 0.0]])
-    token, logprob = sample(logits, rows(sampling(temperature=2.0, seed=1)))
+    token, logprob, _ = sample(logits, rows(sampling(temperature=2.0, seed=1)))
     p0 = math.e / (math.e + 1)
     expected = math.log(p0) if int(token) == 0 else math.log(1 - p0)
     assert math.isclose(float(logprob), expected, rel_tol=1e-5)
@@ -45,14 +45,14 @@ def test_temperature_scales_the_reported_distribution():
 
 def test_greedy_takes_the_argmax():
     logits = torch.tensor([[0.1, 3.0, 0.2], [5.0, 0.0, 0.0]])
-    tokens, _ = sample(logits, rows(sampling(temperature=0), sampling(temperature=0)))
+    tokens, _, _ = sample(logits, rows(sampling(temperature=0), sampling(temperature=0)))
     assert tokens.tolist() == [1, 0]
 
 
 def test_a_seeded_row_is_reproducible_whatever_shares_its_batch():
     logits = torch.randn(3, 1000)
-    alone, _ = sample(logits[:1], rows(sampling(seed=7)))
-    batched, _ = sample(logits, rows(sampling(seed=7), sampling(), sampling()))
+    alone, _, _ = sample(logits[:1], rows(sampling(seed=7)))
+    batched, _, _ = sample(logits, rows(sampling(seed=7), sampling(), sampling()))
     assert int(alone[0]) == int(batched[0])
 
 
@@ -65,3 +65,18 @@ def test_draws_follow_the_distribution():
         counts[int(sample(logits, sampler)[0][0])] += 1
     for count, p in zip(counts, [0.7, 0.2, 0.1], strict=True):
         assert abs(count / 2000 - p) < 0.04
+
+
+def test_top_logprobs_come_from_the_distribution_the_token_was_drawn_from():
+    # probs = [0.5, 0.3, 0.2] at top_p 0.7: the nucleus {0, 1} renormalised to
+    # [0.625, 0.375]; token 2 is outside it (-inf). The second row asks for none.
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.5, 0.3, 0.2]]))
+    asking = sampling(top_p=0.7, top_logprobs=3, seed=1)
+    tokens, logprobs, top = sample(logits, rows(asking, sampling(seed=2)))
+    assert top[1] is None
+    ids, values = zip(*top[0], strict=True)
+    assert ids == (0, 1, 2)
+    assert math.isclose(values[0], math.log(0.625), rel_tol=1e-5)
+    assert math.isclose(values[1], math.log(0.375), rel_tol=1e-5)
+    assert values[2] == float("-inf")
+    assert float(logprobs[0]) == values[ids.index(int(tokens[0]))]

@@ -21,6 +21,7 @@ from reinforge.policy.models import load_model, load_tokenizer
 from reinforge.policy.server import create_app
 
 from .commands import serving
+from .conftest import EngineUnderTest, http_server
 
 USER = {"role": "user", "content": "What is 2 + 2?"}
 CALL = '<tool_call>\n{"name": "calc", "arguments": {"expression": "2 + 2"}}\n</tool_call>'
@@ -174,7 +175,8 @@ def test_models_and_health(server, client):
         ({"tools": [{"type": "function"}]}, "tools[0].function"),
         ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools[0].type"),
         ({"max_tokens": 100_000}, "messages"),
-        ({"logprobs": True, "top_logprobs": 5}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
         ({"messages": [{"role": "user", "content": [1]}]}, "messages[0].content[0].type"),
         (
             {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}]},
@@ -250,13 +252,58 @@ def test_text_content_parts_are_joined_with_newlines(client):
     assert prompts[0] == prompts[1]
 
 
-def test_top_logprobs_above_zero_is_refused_saying_what_is_supported(client):
+@pytest.fixture(scope="module")
+def any_client(any_engine: EngineUnderTest) -> Iterator[openai.OpenAI]:
+    """The official client of the server over each engine in turn."""
+    with http_server(any_engine.engine) as url:
+        yield openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+
+
+def test_top_logprobs_with_the_openai_client(any_client):
+    # Greedy, so the sampled token is the most likely: its own entry comes first.
+    response = any_client.chat.completions.create(
+        model="tiny-random",
+        messages=[USER],
+        logprobs=True,
+        top_logprobs=3,
+        max_tokens=4,
+        temperature=0,
+    )
+    entries = response.choices[0].logprobs.content
+    tokenizer = load_tokenizer("tiny-random")
+    token_ids = response.choices[0].model_extra["token_ids"]
+    assert [e.token for e in entries] == [tokenizer.decode([t]) for t in token_ids]
+    for entry in entries:
+        values = [alternative.logprob for alternative in entry.top_logprobs]
+        assert len(values) == 3 and values == sorted(values, reverse=True)
+        first = entry.top_logprobs[0]
+        assert (first.token, first.logprob, first.bytes) == (
+            entry.token,
+            entry.logprob,
+            entry.bytes,
+        )
+
+    text = any_client.completions.create(
+        model="tiny-random", prompt="Once upon a time", logprobs=2, max_tokens=3, temperature=0
+    )
+    logprobs = text.choices[0].logprobs
+    assert len(logprobs.top_logprobs) == 3 == len(logprobs.tokens)
+    for token, logprob, top in zip(
+        logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True
+    ):
+        # OpenAI's legacy shape: the k most likely tokens and the sampled one, by text.
+        assert top[token] == logprob == max(top.values()) and len(top) == 2
+
+
+def test_top_logprobs_past_the_limit_are_refused_naming_the_field(client):
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(
-            model="tiny-random", messages=[USER], logprobs=True, top_logprobs=3, max_tokens=1
+            model="tiny-random", messages=[USER], logprobs=True, top_logprobs=21, max_tokens=1
         )
-    assert caught.value.param == "top_logprobs"
-    assert "sampled token only" in caught.value.message
+    assert caught.value.param == "top_logprobs" and "at most 20" in caught.value.message
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model="tiny-random", prompt="x", logprobs=21, max_tokens=1)
+    assert caught.value.param == "logprobs"
     response = client.chat.completions.create(
         model="tiny-random", messages=[USER], logprobs=True, top_logprobs=0, max_tokens=2
     )

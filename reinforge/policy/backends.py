@@ -12,7 +12,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from reinforge.policy.config import EngineConfig, ModelConfig
-from reinforge.policy.engine import Completion, Engine, EngineStats
+from reinforge.policy.engine import Completion, Engine, EngineStats, TokenListener
 from reinforge.policy.sampling import SamplingParams
 
 
@@ -26,7 +26,15 @@ class SamplingEngine(Protocol):
     """The policy version of the weights that sample now."""
     stats: EngineStats
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion: ...
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        on_tokens: TokenListener | None = None,
+    ) -> Completion:
+        """The finished completion; `on_tokens` (if given) gets its tokens as they are
+        sampled, before this returns."""
+        ...
 
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int | None = None) -> int:
         """New weights (Hugging Face names) between two decode steps; returns the new

@@ -74,6 +74,10 @@ class ServerConfig(Section):
     max_tokens: int = Field(512, ge=1)
     """Completion tokens for a request that names no limit (less where the context ends)."""
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    max_top_logprobs: int = Field(20, ge=0, le=20)
+    """Most alternatives a request may ask for beside each sampled token (chat's
+    `top_logprobs`, completions' `logprobs`); more is refused with a 400. OpenAI's range
+    ends at 20, and so does what vLLM keeps (its `max_logprobs`)."""
     weights_token: str | None = None
     """Secret a trainer on this machine presents to push new weights (`POST /v1/weights`,
     from localhost only); None: the server refuses weight updates."""

@@ -1,9 +1,11 @@
 """A transformers engine for CPU that batches concurrent requests continuously.
 
 One background thread owns the model. Each iteration it admits waiting requests (one
-batched prefill, merged into the running batch's KV cache with left padding), decodes one
-token for every running row, and drops rows that finished, so a short completion never
-waits for a long one and the batch never decodes padding rows.
+batched prefill, merged into the running batch's KV cache with left padding; `batch.py`
+keeps that cache), decodes one token for every running row, and drops rows that finished,
+so a short completion never waits for a long one and the batch never decodes padding rows.
+A request may name a listener (`on_tokens`) that gets its tokens as they are sampled,
+which is how the server streams; both engines call it the same way.
 
 Weights change between two decode steps (`weight_update`, `update_weights`), never during
 one. An update bumps the policy version, drops the prefix cache and has the rows still
@@ -17,7 +19,7 @@ import asyncio
 import queue
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,13 +29,32 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.cache_utils import Cache
 
+from reinforge.policy.batch import Batch, cache_with_prefixes, layout
 from reinforge.policy.config import EngineConfig
 from reinforge.policy.kv_cache import cache_keyword, roomy_cache
 from reinforge.policy.models import load_model
-from reinforge.policy.prefix_cache import PrefixCache, PrefixHit
-from reinforge.policy.sampling import RowSampler, SamplingParams, sample
+from reinforge.policy.prefix_cache import PrefixCache
+from reinforge.policy.sampling import RowSampler, SamplingParams, TopLogprobs, sample
 
 FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """The tokens one engine step added to one request, as its listener gets them."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[TopLogprobs]
+    """One per token when the request asked for alternatives (`top_logprobs`), else []."""
+    policy_versions: list[int]
+
+
+TokenListener = Callable[[Sampled], None]
+"""Called on the engine's thread with each step's new tokens of one request, before its
+completion resolves. It must return at once and never raise (the decode step of every
+running request waits on it): hand the tokens to your own thread, e.g. with
+`loop.call_soon_threadsafe`."""
 
 
 @dataclass
@@ -45,6 +66,18 @@ class Completion:
     finish_reason: FinishReason
     stop_text: str | None = None
     """The stop string that ended generation, if one did."""
+    top_logprobs: list[TopLogprobs] = field(default_factory=list)
+    """Each token's most likely alternatives under that same distribution, when the
+    request asked for them (`SamplingParams.top_logprobs`); else empty."""
+
+    def extend(self, sampled: Sampled, on_tokens: TokenListener | None) -> None:
+        """Record a step's tokens and tell the request's listener, if it has one."""
+        self.token_ids.extend(sampled.token_ids)
+        self.logprobs.extend(sampled.logprobs)
+        self.top_logprobs.extend(sampled.top_logprobs)
+        self.policy_versions.extend(sampled.policy_versions)
+        if on_tokens is not None and sampled.token_ids:
+            on_tokens(sampled)
 
 
 @dataclass
@@ -52,6 +85,7 @@ class _Request:
     prompt_ids: list[int]
     params: SamplingParams
     future: Future[Completion]
+    on_tokens: TokenListener | None = None
     sampler: RowSampler = field(init=False)
     completion: Completion = field(init=False)
 
@@ -113,15 +147,25 @@ class Engine:
 
     # -- public API ---------------------------------------------------------------------
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Future[Completion]:
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        on_tokens: TokenListener | None = None,
+    ) -> Future[Completion]:
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
-        request = _Request(list(prompt_ids), params, Future())
+        request = _Request(list(prompt_ids), params, Future(), on_tokens)
         self._inbox.put(request)
         return request.future
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
-        return await asyncio.wrap_future(self.submit(prompt_ids, params))
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        on_tokens: TokenListener | None = None,
+    ) -> Completion:
+        return await asyncio.wrap_future(self.submit(prompt_ids, params, on_tokens))
 
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int | None = None) -> int:
         """Copy new weights in place (cast to the engine's dtype); returns the new version:
@@ -182,7 +226,7 @@ class Engine:
     # -- the batching loop ----------------------------------------------------------------
 
     def _loop(self) -> None:
-        batch = _Batch()
+        batch: Batch[_Request] = Batch()
         waiting: list[_Request] = []
         waited_steps = 0
         while True:
@@ -197,8 +241,7 @@ class Engine:
                 if len(waiting) == before:
                     break
             if not open_:
-                batch.fail(RuntimeError("engine closed"))
-                fail_requests(waiting, RuntimeError("engine closed"))
+                fail_requests([*batch.requests, *waiting], RuntimeError("engine closed"))
                 return
             room = self.config.max_batch - len(batch.requests)
             arrivals: list[_Request] = []
@@ -222,11 +265,10 @@ class Engine:
                         self._decode(batch)
                 self.stats.busy_s += time.perf_counter() - started
             except Exception as error:  # a failed step fails its requests, not the engine
-                batch.fail(error)
-                fail_requests(arrivals, error)
-                batch = _Batch()
+                fail_requests([*batch.requests, *arrivals], error)
+                batch = Batch()
 
-    def _prefill(self, batch: _Batch, arrivals: list[_Request]) -> None:
+    def _prefill(self, batch: Batch[_Request], arrivals: list[_Request]) -> None:
         """Compute the new prompts in one forward and merge them into the running batch.
 
         Identical prompts (the k rollouts of one task, or `n` > 1) are computed once.
@@ -239,8 +281,8 @@ class Engine:
         hits = [self._prefixes.lookup(list(p)) for p in prompts]
         cached = [hit.length if hit else 0 for hit in hits]
         new = [p[c:] for p, c in zip(prompts, cached, strict=True)]
-        ids, mask = self._layout(new, cached)  # (U, N), (U, C+N)
-        cache = _cache_with_prefixes(hits, max(cached))
+        ids, mask = layout(new, cached, self._pad_id)  # (U, N), (U, C+N)
+        cache = cache_with_prefixes(hits, max(cached))
         logits = self._forward_new(ids, mask, cache)  # (U, V)
         self.stats.prefill_tokens += sum(len(n) for n in new)
         self.stats.cached_tokens += sum(cached)
@@ -251,7 +293,7 @@ class Engine:
         batch.merge(arrivals, cache, mask.index_select(0, rows))
         self._accept(batch, logits.index_select(0, rows), len(batch.requests) - len(arrivals))
 
-    def _recompute(self, batch: _Batch) -> None:
+    def _recompute(self, batch: Batch[_Request]) -> None:
         """Replace the running rows' KV cache with one computed under the current weights.
 
         States from older weights would make the next tokens a mix of two policies while
@@ -262,27 +304,14 @@ class Engine:
         if not batch.requests:
             return
         fed = [[*r.prompt_ids, *r.completion.token_ids[:-1]] for r in batch.requests]
-        ids, mask = self._layout(fed, [0] * len(fed))  # (B, L), (B, L)
+        ids, mask = layout(fed, [0] * len(fed), self._pad_id)  # (B, L), (B, L)
         cache = roomy_cache()
         self._forward_new(ids, mask, cache)
         batch.cache, batch.mask = cache, mask
         self.stats.recomputed_tokens += sum(len(tokens) for tokens in fed)
 
-    def _layout(self, new: list[list[int]], cached: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows of new tokens after cached prefixes of the given lengths, left-padded:
-        [pad | cached prefix | pad | new tokens]. Returns the new tokens' ids (R, N) and
-        the attention mask over prefix and new columns (R, C+N)."""
-        c_width, n_width = max(cached), max(len(tokens) for tokens in new)
-        ids = torch.full((len(new), n_width), self._pad_id, dtype=torch.long)  # (R, N)
-        mask = torch.zeros((len(new), c_width + n_width), dtype=torch.long)  # (R, C+N)
-        for row, (tokens, length) in enumerate(zip(new, cached, strict=True)):
-            ids[row, n_width - len(tokens) :] = torch.tensor(tokens)
-            mask[row, c_width - length : c_width] = 1
-            mask[row, c_width + n_width - len(tokens) :] = 1
-        return ids, mask
-
     def _forward_new(self, ids: torch.Tensor, mask: torch.Tensor, cache: Cache) -> torch.Tensor:
-        """Run the new columns of a `_layout` into `cache`; the last column's logits (R, V)."""
+        """Run the new columns of a `layout` into `cache`; the last column's logits (R, V)."""
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, mask.shape[1] - ids.shape[1] :]
         return self.model(
             input_ids=ids,
@@ -293,7 +322,7 @@ class Engine:
             logits_to_keep=1,
         ).logits[:, -1]
 
-    def _decode(self, batch: _Batch) -> None:
+    def _decode(self, batch: Batch[_Request]) -> None:
         """One token for every running row (those prefilled in this iteration included)."""
         if not batch.requests:
             return
@@ -312,19 +341,17 @@ class Engine:
         self.stats.decode_steps += 1
         self._accept(batch, logits, first_new_row=0)
 
-    def _accept(self, batch: _Batch, logits: torch.Tensor, first_new_row: int) -> None:
+    def _accept(self, batch: Batch[_Request], logits: torch.Tensor, first_new_row: int) -> None:
         """Sample for the rows from `first_new_row` on (one logits row each), record the
         tokens and retire the rows that finished."""
         rows = batch.requests[first_new_row:]
-        tokens, logprobs = sample(logits, [r.sampler for r in rows])
+        tokens, logprobs, tops = sample(logits, [r.sampler for r in rows])
         finished: list[int] = []
-        for offset, (request, token, logprob) in enumerate(
-            zip(rows, tokens.tolist(), logprobs.tolist(), strict=True)
+        for offset, (request, token, logprob, top) in enumerate(
+            zip(rows, tokens.tolist(), logprobs.tolist(), tops, strict=True)
         ):
-            completion = request.completion
-            completion.token_ids.append(token)
-            completion.logprobs.append(logprob)
-            completion.policy_versions.append(self.version)
+            sampled = Sampled([token], [logprob], [] if top is None else [top], [self.version])
+            request.completion.extend(sampled, request.on_tokens)
             self.stats.generated_tokens += 1
             if self._finished(request, token):
                 finished.append(first_new_row + offset)
@@ -334,17 +361,14 @@ class Engine:
             request.future.set_result(request.completion)
         batch.retire(finished)
 
-    def _keep_prefix(self, batch: _Batch, row: int) -> None:
+    def _keep_prefix(self, batch: Batch[_Request], row: int) -> None:
         """Cache a finished row's states: its prompt and all sampled tokens but the last,
         which was never fed back."""
         request = batch.requests[row]
-        assert batch.cache is not None
-        columns = batch.mask[row].nonzero().squeeze(1)  # (L,)
+        held, keys, values = batch.row_states(row)
         tokens = (*request.prompt_ids, *request.completion.token_ids[:-1])
-        if len(columns) != len(tokens):  # cannot happen unless the bookkeeping is broken
-            raise RuntimeError(f"row holds {len(columns)} states for {len(tokens)} tokens")
-        keys = [layer.keys[row].index_select(1, columns) for layer in batch.cache.layers]
-        values = [layer.values[row].index_select(1, columns) for layer in batch.cache.layers]
+        if held != len(tokens):  # cannot happen unless the bookkeeping is broken
+            raise RuntimeError(f"row holds {held} states for {len(tokens)} tokens")
         self._prefixes.store(tokens, keys, values)
 
     def _finished(self, request: _Request, token: int) -> bool:
@@ -363,49 +387,6 @@ class Engine:
             completion.finish_reason = "length"
             return True
         return False
-
-
-class _Batch:
-    """The running rows: their requests, a shared left-padded KV cache and its mask."""
-
-    def __init__(self) -> None:
-        self.requests: list[_Request] = []
-        self.cache: Cache | None = None
-        self.mask = torch.zeros((0, 0), dtype=torch.long)  # (B, L)
-
-    def merge(self, arrivals: list[_Request], cache: Cache, mask: torch.Tensor) -> None:
-        if self.cache is None or not self.requests:
-            self.requests, self.cache, self.mask = list(arrivals), cache, mask
-            return
-        width = max(self.mask.shape[1], mask.shape[1])
-        for old, new in zip(self.cache.layers, cache.layers, strict=True):
-            old.keys = torch.cat([_left_pad(old.keys, width), _left_pad(new.keys, width)])
-            old.values = torch.cat([_left_pad(old.values, width), _left_pad(new.values, width)])
-        self.mask = torch.cat([_left_pad_mask(self.mask, width), _left_pad_mask(mask, width)])
-        self.requests.extend(arrivals)
-
-    def retire(self, rows: list[int]) -> None:
-        if not rows:
-            return
-        gone = set(rows)
-        keep = [i for i in range(len(self.requests)) if i not in gone]
-        self.requests = [self.requests[i] for i in keep]
-        if not keep:
-            self.cache, self.mask = None, torch.zeros((0, 0), dtype=torch.long)
-            return
-        index = torch.tensor(keep)
-        # Columns that are padding in every remaining row are dead weight: cut them.
-        mask = self.mask.index_select(0, index)  # (B', L)
-        start = int((mask.sum(dim=0) > 0).nonzero()[0])
-        self.mask = mask[:, start:]
-        assert self.cache is not None
-        for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(0, index)[:, :, start:]
-            layer.values = layer.values.index_select(0, index)[:, :, start:]
-
-    def fail(self, error: BaseException) -> None:
-        fail_requests(self.requests, error)
-        self.requests = []
 
 
 class _Queued(Protocol):
@@ -432,35 +413,6 @@ def fail_requests(requests: Sequence[_Queued], error: BaseException) -> None:
     for request in requests:
         if not request.future.done():
             request.future.set_exception(error)
-
-
-def _cache_with_prefixes(hits: list[PrefixHit | None], width: int) -> Cache:
-    """A cache holding each row's cached prefix, right-aligned in `width` columns."""
-    cache = roomy_cache()
-    found = [hit for hit in hits if hit is not None]
-    if not found:
-        return cache
-    for layer, reference in enumerate(found[0].keys):
-        heads, _, dim = reference.shape
-        keys = reference.new_zeros((len(hits), heads, width, dim))  # (U, H, C, D)
-        values = reference.new_zeros((len(hits), heads, width, dim))
-        for row, hit in enumerate(hits):
-            if hit is not None:
-                keys[row, :, width - hit.length :] = hit.keys[layer]
-                values[row, :, width - hit.length :] = hit.values[layer]
-        cache.update(keys, values, layer)
-    return cache
-
-
-def _left_pad(states: torch.Tensor, width: int) -> torch.Tensor:
-    """(B, H, L, D) -> (B, H, width, D), zeros on the left."""
-    missing = width - states.shape[2]
-    return torch.nn.functional.pad(states, (0, 0, missing, 0)) if missing else states
-
-
-def _left_pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
-    missing = width - mask.shape[1]
-    return torch.nn.functional.pad(mask, (missing, 0)) if missing else mask
 
 
 def eos_ids_of(generation: GenerationConfig, tokenizer: PreTrainedTokenizerBase) -> set[int]:

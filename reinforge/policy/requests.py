@@ -1,14 +1,20 @@
-"""What a request to the policy server may hold: the OpenAI-shaped request models and
-the checks on messages and tools that name the offending field in a 400."""
+"""What a request to the policy server may hold: the OpenAI-shaped request models, the
+checks on messages and tools, and the OpenAI error JSON that names the offending field."""
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import Any, ClassVar
 
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from reinforge.policy.config import Temperature, TopP
 from reinforge.types import Message
+
+log = logging.getLogger(__name__)
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 """Message roles the server renders; `developer` (OpenAI's newer name) renders as system."""
@@ -64,6 +70,13 @@ class ChatRequest(SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0)
 
+    alternatives_field: ClassVar[str] = "top_logprobs"
+    """The field asking for each token's most likely alternatives (`alternatives` of them)."""
+
+    @property
+    def alternatives(self) -> int:
+        return self.top_logprobs or 0
+
 
 class WeightsUpdate(BaseModel):
     """A trainer's new weights, handed over as a file on this machine (in memory under
@@ -81,6 +94,13 @@ class WeightsUpdate(BaseModel):
 class CompletionRequest(SamplingRequest):
     prompt: str | list[int] = ""
     logprobs: int | None = Field(None, ge=0)
+    """The sampled tokens' log-probs, with this many alternatives each."""
+
+    alternatives_field: ClassVar[str] = "logprobs"
+
+    @property
+    def alternatives(self) -> int:
+        return self.logprobs or 0
 
 
 def chat_messages(raw: list[dict[str, Any]]) -> list[Message]:
@@ -156,3 +176,52 @@ def checked_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | 
                 f"{where}.function",
             )
     return tools
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error answers OpenAI's error JSON, the field at fault named; never a traceback."""
+    app.exception_handler(APIError)(_api_error)
+    app.exception_handler(RequestValidationError)(_invalid)
+    app.exception_handler(Exception)(_internal)
+
+
+def error_body(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+async def _api_error(_: Request, error: APIError) -> JSONResponse:
+    return _error(error.status, error.message, error.param, error.code)
+
+
+async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
+    first = error.errors()[0]
+    loc = tuple(first.get("loc", ()))[1:]
+    if first.get("type") == "json_invalid":  # loc holds the character offset, not a field
+        reason = (first.get("ctx") or {}).get("error", "decode error")
+        at = f" at character {loc[0]}" if loc else ""
+        return _error(400, f"request body is not valid JSON: {reason}{at}", None, "invalid_request")
+    param = _param(loc)
+    if param is None:  # the body itself is not an object
+        message = "the request body must be a JSON object (Content-Type: application/json)"
+        return _error(400, message, None, "invalid_request")
+    return _error(400, f"{param}: {first.get('msg')}", param, "invalid_request")
+
+
+def _param(loc: tuple[Any, ...]) -> str | None:
+    """A field's path as OpenAI writes it: `messages[0].content`."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
+    return path or None
+
+
+async def _internal(_: Request, error: Exception) -> JSONResponse:
+    log.exception("internal error")
+    return _error(500, f"internal error: {type(error).__name__}: {error}", None, None)
+
+
+def _error(status: int, message: str, param: str | None, code: str | None) -> JSONResponse:
+    return JSONResponse(status_code=status, content=error_body(status, message, param, code))

@@ -4,6 +4,8 @@ The log-prob returned for a token is under the distribution it was actually draw
 logits divided by the row's temperature, then restricted to the row's top-p nucleus and
 renormalised. At temperature 1 and top_p 1 that is exactly the policy's log-prob, which is
 what the trainer recomputes. Greedy rows (temperature 0) report the unscaled log-softmax.
+A row that asks for its most likely tokens (`top_logprobs`) gets them from that same
+distribution, so the sampled token's log-prob is its own entry there when it is among them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     """None: an unseeded draw."""
+    top_logprobs: int = 0
+    """How many of the most likely tokens to keep beside each sampled one, with their
+    log-probs; 0 keeps (and computes) none."""
+
+
+TopLogprobs = list[tuple[int, float]]
+"""The most likely tokens at one position, (token id, log-prob), most likely first."""
 
 
 @dataclass
@@ -43,8 +52,11 @@ class RowSampler:
             self.generator.manual_seed(self.params.seed)
 
 
-def sample(logits: torch.Tensor, rows: list[RowSampler]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row. logits: (B, V) -> tokens (B,), logprobs (B,) in float32."""
+def sample(
+    logits: torch.Tensor, rows: list[RowSampler]
+) -> tuple[torch.Tensor, torch.Tensor, list[TopLogprobs | None]]:
+    """Draw one token per row. logits: (B, V) -> tokens (B,), logprobs (B,) in float32,
+    and each row's most likely tokens (None for a row that asks for none)."""
     logits = logits.float()  # (B, V)
     temperature = torch.tensor([r.params.temperature for r in rows])  # (B,)
     greedy = temperature <= 0
@@ -61,7 +73,22 @@ def sample(logits: torch.Tensor, rows: list[RowSampler]) -> tuple[torch.Tensor, 
     drawn = torch.searchsorted(cdf, target, right=True).squeeze(1)  # (B,)
     drawn = drawn.clamp_(max=logits.shape[1] - 1)
     tokens = torch.where(greedy, torch.argmax(logits, dim=-1), drawn)  # (B,)
-    return tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    return tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1), _most_likely(logp, rows)
+
+
+def _most_likely(logp: torch.Tensor, rows: list[RowSampler]) -> list[TopLogprobs | None]:
+    """The `top_logprobs` largest entries of each asking row of `logp` (B, V), sorted;
+    a batch where no row asks costs nothing."""
+    asking = [i for i, r in enumerate(rows) if r.params.top_logprobs]
+    top: list[TopLogprobs | None] = [None] * len(rows)
+    if not asking:
+        return top
+    k = max(rows[i].params.top_logprobs for i in asking)
+    values, ids = torch.topk(logp[asking], k, dim=-1)  # (A, k), descending
+    for i, row_ids, row_values in zip(asking, ids.tolist(), values.tolist(), strict=True):
+        wanted = rows[i].params.top_logprobs
+        top[i] = list(zip(row_ids[:wanted], row_values[:wanted], strict=True))
+    return top
 
 
 def _nucleus(logp: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

