@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -96,11 +98,48 @@ def test_pushed_weights_are_the_policy_that_samples_next(server, tmp_path):
     assert torch.allclose(recorded, expected, atol=1e-4)
 
 
-def test_an_async_run_trains_against_reinforge_serve(server, tmp_path):
+def test_weights_sent_during_a_pause_are_what_a_waiting_request_samples(server, tmp_path):
+    """A request that arrives while decoding is paused has not sampled a token when the
+    weights come, so every token it returns carries their version; resume lets it go."""
+    path = tmp_path / "w.safetensors"
+    _perturbed_weights(path)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    assert httpx.post(f"{server}/v1/pause", json={"lease_s": 300}).status_code == 401
+    paused = httpx.post(f"{server}/v1/pause", json={"lease_s": 300}, headers=headers)
+    assert paused.status_code == 200 and httpx.get(f"{server}/health").json()["paused"]
+    again = httpx.post(f"{server}/v1/pause", json={"lease_s": 300}, headers=headers)
+    assert again.status_code == 409
+    body = {"model": "tiny-random", "prompt": [5, 6, 7], "max_tokens": 6, "logprobs": 0}
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(httpx.post, f"{server}/v1/completions", json=body, timeout=120)
+        time.sleep(0.5)  # orders the request before the weights; asserts nothing
+        assert not waiting.done()
+        update = {"path": str(path), "version": 11}
+        sent = httpx.post(f"{server}/v1/weights", json=update, headers=headers, timeout=60)
+        assert sent.json() == {"policy_version": 11}
+        assert not waiting.done()
+        resumed = httpx.post(f"{server}/v1/resume", headers=headers, timeout=60)
+        assert resumed.json() == {"resumed": True}
+        choice = waiting.result().json()["choices"][0]
+    assert choice["policy_versions"] == [11] * len(choice["token_ids"])
+    assert not httpx.get(f"{server}/health").json()["paused"]
+    assert httpx.post(f"{server}/v1/resume", headers=headers).json() == {"resumed": False}
+
+
+def test_a_pause_ends_with_its_lease(server):
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    httpx.post(f"{server}/v1/pause", json={"lease_s": 0.2}, headers=headers)
+    body = {"model": "tiny-random", "prompt": [5, 6, 7], "max_tokens": 2}
+    reply = httpx.post(f"{server}/v1/completions", json=body, timeout=120)  # no resume sent
+    assert reply.status_code == 200 and not httpx.get(f"{server}/health").json()["paused"]
+
+
+@pytest.mark.parametrize("mode", ["async", "partial"])
+def test_a_run_trains_against_reinforge_serve(server, tmp_path, mode):
     argv = tiny_train(
         tmp_path,
         "run.steps=3",
-        "loop.mode=async",
+        f"loop.mode={mode}",
         "loop.max_staleness=1",
         f"loop.engine_url={server}/v1",
         f"loop.engine_token={TOKEN}",
@@ -112,7 +151,8 @@ def test_an_async_run_trains_against_reinforge_serve(server, tmp_path):
     # The trainer names the versions: the server's earlier ones (other tests) do not leak in.
     assert [r["policy_version"] for r in rows] == [1, 2, 3]
     assert all(r["staleness_max"] <= 1 and r["time"]["sync_s"] > 0 for r in rows)
-    assert httpx.get(f"{server}/health").json()["policy_version"] == 3
+    health = httpx.get(f"{server}/health").json()
+    assert health["policy_version"] == 3 and not health["paused"]
 
 
 def test_a_wrong_token_is_one_clear_line(server, tmp_path):
@@ -123,7 +163,7 @@ def test_a_wrong_token_is_one_clear_line(server, tmp_path):
     before = set(handoff.glob("reinforge-weights-*"))
     process = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert process.returncode == 2
-    assert "refused the weights: wrong or missing weights token" in process.stderr
+    assert "refused to take the weights: wrong or missing weights token" in process.stderr
     assert "Traceback" not in process.stderr
     assert set(handoff.glob("reinforge-weights-*")) <= before  # the handoff folder is gone
 

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Self
+from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from reinforge.types import Section
 
@@ -51,12 +51,7 @@ class LoopConfig(Section):
     http://127.0.0.1:8000/v1; None: an engine in this process."""
     engine_token: str | None = None
     """The `server.weights_token` that server was started with."""
-
-    @model_validator(mode="after")
-    def _partial_needs_a_local_engine(self) -> Self:
-        if self.mode == "partial" and self.engine_url is not None:
-            raise ValueError(
-                "partial mode pauses the engine while the trainer trains, which only an "
-                "engine in this process does: use async, or leave engine_url unset"
-            )
-        return self
+    pause_lease_s: float = Field(600.0, gt=0.0)
+    """Partial mode with `engine_url`: the longest the server holds decoding for one
+    training step. Past it decoding resumes on its own, so a trainer that dies mid-step
+    does not stop the engine for good; keep it above the slowest step's training."""

@@ -14,7 +14,7 @@ import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 from safetensors.torch import save_file
@@ -95,9 +95,13 @@ class RemoteEngine:
     travel as a safetensors file (under /dev/shm, in memory, where there is one); the
     server applies them between two decode steps and its requests in flight go on."""
 
-    def __init__(self, client: PolicyClient, url: str, token: str | None) -> None:
+    def __init__(
+        self, client: PolicyClient, url: str, token: str | None, pause_lease_s: float | None
+    ) -> None:
         self.client = client
         self.url = url
+        self.pause_lease_s = pause_lease_s
+        """Partial mode: decoding is held for the training step, for at most this long."""
         self._http = httpx.Client(
             base_url=url.rstrip("/"),
             headers={"Authorization": f"Bearer {token or ''}"},
@@ -115,7 +119,8 @@ class RemoteEngine:
         url = config.loop.engine_url
         assert url is not None
         client = await PolicyClient.for_url(url, config.rollout.sampling)
-        engine = cls(client, url, config.loop.engine_token)
+        lease = config.loop.pause_lease_s if config.loop.mode == "partial" else None
+        engine = cls(client, url, config.loop.engine_token, lease)
         try:
             engine.push(model, version)
         except BaseException:  # a refused first push must not leave its folder behind
@@ -128,10 +133,16 @@ class RemoteEngine:
         return self._version
 
     def train_step(self, trainer: Trainer, batch: TrainBatch) -> tuple[TrainStats, float]:
-        trained = trainer.step(batch)
-        started = time.perf_counter()
-        self.push(trainer.model, self._version + 1)
-        return trained, time.perf_counter() - started
+        if self.pause_lease_s is not None:
+            self._post("/pause", {"lease_s": self.pause_lease_s}, "pause decoding")
+        try:
+            trained = trainer.step(batch)
+            started = time.perf_counter()
+            self.push(trainer.model, self._version + 1)
+            return trained, time.perf_counter() - started
+        finally:
+            if self.pause_lease_s is not None:
+                self._post("/resume", {}, "resume decoding")
 
     def push(self, model: PreTrainedModel, version: int) -> None:
         path = self._dir / "weights.safetensors"
@@ -139,16 +150,22 @@ class RemoteEngine:
             tensors = {name: t.detach().contiguous() for name, t in weights.items()}
             save_file(tensors, path)
         try:
-            response = self._http.post("/weights", json={"path": str(path), "version": version})
-        except httpx.HTTPError as error:
-            problem = f"the engine at {self.url} did not take the weights: {error}"
-            raise UsageError(problem) from error
+            answer = self._post(
+                "/weights", {"path": str(path), "version": version}, "take the weights"
+            )
         finally:
             path.unlink(missing_ok=True)
+        self._version = answer["policy_version"]
+
+    def _post(self, route: str, body: dict[str, Any], what: str) -> dict[str, Any]:
+        try:
+            response = self._http.post(route, json=body)
+        except httpx.HTTPError as error:
+            raise UsageError(f"the engine at {self.url} did not {what}: {error}") from error
         if response.status_code != 200:
             message = response.json().get("error", {}).get("message", response.text)
-            raise UsageError(f"the engine at {self.url} refused the weights: {message}")
-        self._version = response.json()["policy_version"]
+            raise UsageError(f"the engine at {self.url} refused to {what}: {message}")
+        return response.json()
 
     async def aclose(self) -> None:
         await self.client.close()

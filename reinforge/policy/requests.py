@@ -78,6 +78,15 @@ class ChatRequest(SamplingRequest):
         return self.top_logprobs or 0
 
 
+class PauseRequest(BaseModel):
+    """A trainer holding decoding while it trains (partial mode)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lease_s: float = Field(gt=0)
+    """Decoding resumes on its own after this many seconds without a resume."""
+
+
 class WeightsUpdate(BaseModel):
     """A trainer's new weights, handed over as a file on this machine (in memory under
     /dev/shm where there is one): no tensor data crosses HTTP."""

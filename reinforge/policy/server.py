@@ -10,7 +10,10 @@ Extensions to OpenAI's schema (ignored by clients that do not know them):
   With no assistant message in `messages`, `prompt_token_ids` is the whole prompt;
 - `POST /v1/weights` `{"path", "version"}`: a trainer on this machine hands over new
   weights as a safetensors file, with `server.weights_token` as its bearer token; they
-  apply between two decode steps and requests in flight continue under them.
+  apply between two decode steps and requests in flight continue under them;
+- `POST /v1/pause` `{"lease_s"}` and `POST /v1/resume`, with the same token: decoding is
+  held from the next step boundary until resume (or the lease's end); weights sent
+  meanwhile apply inside the hold (`pause.py`).
 
 Bad requests get OpenAI's error JSON with a 4xx status naming the field at fault; never a
 traceback. The JSON of a choice is `choices.py`'s, a stream's events `streaming.py`'s, and
@@ -32,10 +35,12 @@ from reinforge.policy.chat import ChatFormat, TemplateError
 from reinforge.policy.choices import ChoiceWriter, Json, response
 from reinforge.policy.config import ServerConfig
 from reinforge.policy.engine import Completion
+from reinforge.policy.pause import Pause
 from reinforge.policy.requests import (
     APIError,
     ChatRequest,
     CompletionRequest,
+    PauseRequest,
     WeightsUpdate,
     bad_request,
     chat_messages,
@@ -50,12 +55,18 @@ def create_app(engine: SamplingEngine, config: ServerConfig) -> FastAPI:
     """The FastAPI app; also mounted in-process (httpx ASGI transport) by PolicyClient."""
     app = FastAPI(title="reinforge policy server")
     service = _Service(engine, config)
+    pause = Pause(engine)
     writer = ChoiceWriter(engine.tokenizer, engine.eos_ids)
     install_error_handlers(app)
 
     @app.get("/health")
     async def health() -> Json:
-        return {"status": "ok", "model": engine.name, "policy_version": engine.version}
+        return {
+            "status": "ok",
+            "model": engine.name,
+            "policy_version": engine.version,
+            "paused": pause.active,
+        }
 
     @app.get("/v1/models")
     async def models() -> Json:
@@ -97,8 +108,20 @@ def create_app(engine: SamplingEngine, config: ServerConfig) -> FastAPI:
     @app.post("/v1/weights")
     async def weights(update: WeightsUpdate, request: Request) -> Json:
         service.authorize_weights(request)
-        version = await asyncio.to_thread(service.load_weights, update)
+        version = await asyncio.to_thread(pause.run, lambda: service.load_weights(update))
         return {"policy_version": version}
+
+    @app.post("/v1/pause")
+    async def pause_decoding(hold: PauseRequest, request: Request) -> Json:
+        service.authorize_weights(request)
+        if not await asyncio.to_thread(pause.start, hold.lease_s):
+            raise APIError(409, "decoding is already paused", code="already_paused")
+        return {"paused": True, "policy_version": engine.version}
+
+    @app.post("/v1/resume")
+    async def resume_decoding(request: Request) -> Json:
+        service.authorize_weights(request)
+        return {"resumed": await asyncio.to_thread(pause.resume)}
 
     return app
 
