@@ -193,7 +193,7 @@ def _print_summary(console: Any, summary: EvalSummary, out: Path) -> None:
         ("errored or timed out", str(summary.errored)),
         *((f"  {name}", f"{value:.3f}") for name, value in summary.rewards.items()),
         ("pass@1", f"{summary.pass_rate:.3f}"),
-        (f"pass@{summary.k}", f"{summary.pass_at_k:.3f}"),
+        *([(f"pass@{summary.k}", f"{summary.pass_at_k:.3f}")] if summary.k > 1 else []),
         ("turns (mean)", f"{summary.turns_mean:.2f}"),
         ("sampled tokens (mean)", f"{summary.completion_tokens_mean:.1f}"),
         ("sequence tokens (mean)", f"{summary.tokens_mean:.1f}"),
