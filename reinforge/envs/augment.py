@@ -43,9 +43,9 @@ class HarnessAugmentation(Section):
     note_rate: float = Field(0.5, ge=0.0, le=1.0)
     """How often each note is included."""
     variants: int = Field(0, ge=0)
-    """Fixed variants, drawn from the seed, that rollout i of a task meets in turn (i mod N);
-    `reinforge eval` runs every task under each of them and reports reward per variant.
-    0: every rollout draws a variant of its own."""
+    """Fixed variants that rollout i of a task meets in turn (i mod N): variant 0 is the
+    environment's own harness, the others are drawn from the seed; `reinforge eval` runs
+    every task under each and reports reward per variant. 0: every rollout draws its own."""
 
     @model_validator(mode="after")
     def _prompts_use_only_prompt(self) -> Self:
@@ -71,12 +71,29 @@ class HarnessAugmentation(Section):
         offered = {t.name for t in tools}
         return sorted((set(self.tool_names) | set(self.tool_descriptions)) - offered)
 
-    def draw(self, rollout_key: str, index: int, seed: int | None) -> Variant:
-        """The variant of rollout `index`, whose own key is `rollout_key`; with fixed
-        variants the rollout meets variant `index % variants` of the seed."""
-        number = index % self.variants if self.variants else None
-        key = rollout_key if number is None else f"{seed}/harness-variant/{number}"
-        rng = random.Random(key)
+    def draw(self, rollout_key: str, index: int, seed: int | None, tools: list[Tool]) -> Variant:
+        """The variant of rollout `index`, whose own key is `rollout_key`, for a harness
+        offering `tools`; with fixed variants the rollout meets variant `index % variants`
+        of the seed."""
+        if not self.variants:
+            return self._draw(random.Random(rollout_key), None)
+        return self._fixed(index % self.variants, seed, tools)
+
+    def _fixed(self, number: int, seed: int | None, tools: list[Tool]) -> Variant:
+        """Variant 0 is the environment's own harness, the baseline of a robustness table;
+        each later one is drawn from the seed, unlike those before it while the features
+        leave room (a few draws), so N variants are N harnesses where they can be."""
+        variants = [Variant.own(self)]
+        while len(variants) <= number:
+            for attempt in range(64):
+                rng = random.Random(f"{seed}/harness-variant/{len(variants)}/{attempt}")
+                drawn = self._draw(rng, len(variants))
+                if all(drawn.key(tools) != other.key(tools) for other in variants):
+                    break
+            variants.append(drawn)
+        return variants[number]
+
+    def _draw(self, rng: random.Random, number: int | None) -> Variant:
         prompt = rng.randrange(len(self.system_prompts)) if self.system_prompts else None
         notes = [i for i in range(len(self.notes)) if rng.random() < self.note_rate]
         names = {tool: rng.choice([tool, *alias]) for tool, alias in self.tool_names.items()}
@@ -84,7 +101,8 @@ class HarnessAugmentation(Section):
             tool: rng.randrange(len(paraphrases) + 1) - 1
             for tool, paraphrases in self.tool_descriptions.items()
         }
-        return Variant(self, number, prompt, notes, names, described, rng.random())
+        order = rng.random() if self.shuffle_tools else None
+        return Variant(self, number, prompt, notes, names, described, order)
 
 
 @dataclass(frozen=True)
@@ -100,8 +118,20 @@ class Variant:
     """Shown name by the tool's own name, for the tools the config renames."""
     descriptions: dict[str, int]
     """Index into the tool's paraphrases; -1: its own description."""
-    order_key: float
-    """Seeds the tool order, so the same variant always orders tools alike."""
+    order_key: float | None
+    """Seeds the tool order, so the same variant always orders tools alike; None: the
+    environment's order."""
+
+    @classmethod
+    def own(cls, augmentation: HarnessAugmentation) -> Variant:
+        """The environment's harness as it is: variant 0 of fixed variants."""
+        return cls(augmentation, 0, None, [], {}, {}, None)
+
+    def key(self, tools: list[Tool]) -> tuple[object, ...]:
+        """What the model sees differ between two variants of a harness offering `tools`:
+        prompt, notes, and the tools' shown names, descriptions and order."""
+        shown = tuple((t.name, t.description) for t in self.tools(tools))
+        return (self.prompt, tuple(self.notes), shown)
 
     def messages(self, messages: list[Message]) -> list[Message]:
         """`messages` with this variant's system prompt and notes."""
@@ -129,7 +159,7 @@ class Variant:
             if pick >= 0:
                 tool.description = self.augmentation.tool_descriptions[original.name][pick]
             shown.append(tool)
-        if self.augmentation.shuffle_tools:
+        if self.order_key is not None:
             random.Random(self.order_key).shuffle(shown)
         return shown
 

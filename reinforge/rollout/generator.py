@@ -91,7 +91,7 @@ async def _rollout(
     key = f"{seed}/{task.id}/{index}"
     levels, augment = env.harness.levels, env.harness.augment
     level = None if levels is None else levels.draw(task, key)
-    variant = None if augment is None else augment.draw(key, index, seed)
+    variant = None if augment is None else augment.draw(key, index, seed, list(env.harness.tools))
     async with limit:
         episode_client = client.episode(env.harness.max_total_tokens, _seed(seed, task, index))
         started = time.perf_counter()

@@ -30,13 +30,25 @@ AUGMENT = HarnessAugmentation(
 
 
 def test_a_variant_is_the_same_for_the_same_key_and_differs_across_keys():
-    variants = [AUGMENT.draw(f"0/t/{i}", i, 0) for i in range(30)]
-    assert variants == [AUGMENT.draw(f"0/t/{i}", i, 0) for i in range(30)]
+    tools = list(load_configured(EnvConfig(name=GUESS)).harness.tools)
+    variants = [AUGMENT.draw(f"0/t/{i}", i, 0, tools) for i in range(30)]
+    assert variants == [AUGMENT.draw(f"0/t/{i}", i, 0, tools) for i in range(30)]
     assert len({(v.prompt, v.names["compare"], tuple(v.notes)) for v in variants}) > 3
-    fixed = HarnessAugmentation(**{**AUGMENT.model_dump(), "variants": 2})
-    # fixed variants: rollout i of any task meets variant i mod 2 of the seed
-    assert fixed.draw("0/a/0", 0, 0) == fixed.draw("0/b/2", 2, 0)
-    assert fixed.draw("0/a/1", 1, 0).number == 1
+
+
+def test_fixed_variants_start_from_the_own_harness_and_differ():
+    tools = list(load_configured(EnvConfig(name=GUESS)).harness.tools)
+    fixed = HarnessAugmentation(**{**AUGMENT.model_dump(), "variants": 4})
+    variants = [fixed.draw(f"0/a/{i}", i, 0, tools) for i in range(4)]
+    assert variants[0] == Variant.own(fixed)  # the baseline: the environment's harness
+    assert len({v.key(tools) for v in variants}) == 4
+    # rollout i of any task meets variant i mod 4, the same for every task
+    assert fixed.draw("0/b/5", 5, 0, tools) == variants[1]
+    assert [v.number for v in variants] == [0, 1, 2, 3]
+    prompt_only = HarnessAugmentation(system_prompts=["A {prompt}"], variants=3)
+    # two harnesses exist (own, "A"); the third variant repeats one rather than fail
+    drawn = [prompt_only.draw("k", i, 0, []).key([]) for i in range(3)]
+    assert len(set(drawn)) == 2
 
 
 def test_a_variant_rewrites_the_system_prompt_and_adds_its_notes():
@@ -80,6 +92,16 @@ async def test_variants_reach_the_model_and_are_recorded(tiny_engine):
     trajectories = [t for g in groups for t in g.trajectories]
     for trajectory in trajectories:
         assert trajectory.info["harness_variant"] == trajectory.index % 2
+        if trajectory.index % 2 == 0:  # variant 0: the environment's own harness
+            (task,) = [t for t in tasks if t.id == trajectory.task_id]
+            own = env.harness.initial_messages(task)
+            assert trajectory.messages[: len(own)] == own
+            assert trajectory.info["harness"] == {
+                "system_prompt": None,
+                "notes": [],
+                "tools": ["compare"],
+                "descriptions": {},
+            }
         shown = trajectory.info["harness"]["tools"]
         assert [t["function"]["name"] for t in trajectory.tools or []] == shown
     by_number = {t.info["harness_variant"]: t.info["harness"] for t in trajectories}
