@@ -22,6 +22,7 @@ COMMANDS = {
     "audit": "play known reward hacks against a Harbor environment's grader",
     "dash": "a web dashboard of runs: curves, time split, trajectories token by token",
     "diff": "what a policy learned: behaviour at two steps of a run, or in two evals",
+    "sim": "simulate the loop: step time, samples/min, staleness, best device split",
 }
 """Each is the module `reinforge.commands.<name>`, with `add_arguments(parser)`."""
 

@@ -16,11 +16,13 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from reinforge.config import Config, EvalConfig, ServeConfig
+from reinforge.sim.config import SimConfig
 
 ROOTS: list[tuple[str, type[BaseModel]]] = [
     ("reinforge train / reinforge sft", Config),
     ("reinforge eval", EvalConfig),
     ("reinforge serve", ServeConfig),
+    ("reinforge sim", SimConfig),
 ]
 
 HEADER = """# Config reference
