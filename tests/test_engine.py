@@ -121,9 +121,17 @@ def test_a_request_in_flight_across_an_update_keeps_exact_logprobs(any_engine: E
     new = {n: p + 0.05 * torch.randn(p.shape, generator=noise) for n, p in old.items()}
     prompt = list(range(5, 17))
     version = engine.version
-    generated = engine.stats.generated_tokens
-    future = engine.submit(prompt, sampling(max_tokens=64, seed=7))
-    while engine.stats.generated_tokens < generated + 3:
+    sampled: list[int] = []
+
+    def slow_after_three(step: Sampled) -> None:
+        """From the third token on, each step lasts a while, so the request cannot finish
+        its 64 tokens before this thread pauses the engine, however the two are scheduled."""
+        sampled.extend(step.token_ids)
+        if len(sampled) >= 3:
+            time.sleep(0.02)
+
+    future = engine.submit(prompt, sampling(max_tokens=64, seed=7), slow_after_three)
+    while len(sampled) < 3:
         time.sleep(0.001)
     try:
         with engine.paused():  # a weight update may be nested in a pause
