@@ -11,8 +11,10 @@ instruction as its prompt, and an agent: the model with the sandbox tools (`bash
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import sys
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -58,6 +60,7 @@ class ScriptAgent:
     script: str
 
 
+ORACLE_ANSWER = "I ran the commands above; the task is done."
 SYSTEM_PROMPT = (
     "You are an agent working in a Linux sandbox. Your working directory is {workdir}. "
     "Use the tools to inspect and change files and to run commands. When the task is "
@@ -85,8 +88,9 @@ class HarborEnvironment(Environment):
             print(f"skipped Harbor task {task_name}: {reason}", file=sys.stderr)
         if not self.runnable:
             raise UsageError(f"{name}: no task runs without Docker ({len(tasks)} skipped)")
+        self.sandbox_tools = SandboxTools()
         harness = Harness(
-            tools=SandboxTools().tools(),
+            tools=self.sandbox_tools.tools(),
             max_turns=max_turns,
             max_tokens_per_turn=max_tokens_per_turn,
         )
@@ -151,7 +155,7 @@ class HarborEnvironment(Environment):
     def new_episode(self, task: Task) -> Episode:
         episode = super().new_episode(task)
         workdir = self.harbor_task(task).plan.workdir
-        if self.agent == "model":
+        if self.agent in ("model", "oracle"):  # the oracle's transcript is a model's
             system = {"role": "system", "content": SYSTEM_PROMPT.format(workdir=workdir)}
             episode.messages.insert(0, system)
         episode.state.update(harbor_task=task.info["harbor_task"], agent=self.agent_name)
@@ -209,13 +213,33 @@ class HarborEnvironment(Environment):
         episode.state["agent_done"] = True
 
     async def _oracle(self, task: HarborTask, episode: Episode) -> None:
+        """Run `solution/solve.sh` as Harbor does (bash, the solution's ENV, no time limit
+        but the agent's), and record it as the conversation a model agent would have had:
+        one `bash` call holding the script (less its `#!` line), its output as the tool
+        reports it, and a final answer. Those transcripts are SFT data that teaches the
+        tool-call format (`examples/coding-sft.toml`)."""
         sandbox: PooledSandbox = episode.resources[SANDBOX]
-        if not (task.solution_dir / "solve.sh").is_file():
+        solve = task.solution_dir / "solve.sh"
+        if not solve.is_file():
             raise UsageError(f"{task.path}: no solution/solve.sh for the oracle agent")
+        script = solve.read_text(encoding="utf-8", errors="replace")
+        if script.startswith("#!"):  # a shell command, as a model would write it
+            script = script.split("\n", 1)[1] if "\n" in script else ""
+        call = {
+            "id": "call_oracle",
+            "type": "function",
+            "function": {"name": "bash", "arguments": json.dumps({"command": script})},
+        }
+        episode.messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         await sandbox.upload_tar(tests_tar(task.solution_dir), SOLUTION_DIR)
         env = dict(task.plan.env) | task.config.solution.env
         result = await sandbox.exec(["bash", f"{SOLUTION_DIR}/solve.sh"], env=env)
         _keep_output(episode, "oracle", result)
+        report = self.sandbox_tools.report(result)
+        episode.messages.append(
+            {"role": "tool", "tool_call_id": "call_oracle", "name": "bash", "content": report}
+        )
+        episode.messages.append({"role": "assistant", "content": ORACLE_ANSWER})
 
     async def _script(self, agent: ScriptAgent, task: HarborTask, episode: Episode) -> None:
         sandbox: PooledSandbox = episode.resources[SANDBOX]
@@ -305,12 +329,43 @@ def _keep_output(episode: Episode, agent: str, result: ExecResult) -> None:
     episode.state[f"{agent}_output"] = output[-OUTPUT_CHARS:]
 
 
-def load_environment(path: str | Path, name: str | None = None, **kwargs: Any) -> Environment:
-    """A task dir or a folder of them as an environment (named after the directory)."""
+Split = Literal["all", "train", "test"]
+
+
+def load_environment(
+    path: str | Path,
+    name: str | None = None,
+    tiers: list[str] | None = None,
+    split: Split = "all",
+    test_fraction: float = 0.25,
+    **kwargs: Any,
+) -> Environment:
+    """A task dir or a folder of them as an environment (named after the directory).
+
+    `tiers` keeps the tasks whose `[metadata] difficulty` is one of them. `split` keeps the
+    train or test part of a fixed split: a task is in test when a hash of its name falls in
+    the lowest `test_fraction` of the range, so the split of a task never changes when
+    tasks are added, and a run trained on `train` is evaluated on tasks it never saw.
+    """
     path = Path(path)
     if not path.is_dir():
         raise UsageError(f"{path}: not a directory")
-    return HarborEnvironment(find_tasks(path), name=name or path.resolve().name, **kwargs)
+    if split not in get_args(Split):
+        raise UsageError(f"split {split!r}: one of {', '.join(get_args(Split))}")
+    if not 0.0 < test_fraction < 1.0:
+        raise UsageError(f"test_fraction {test_fraction}: must be between 0 and 1")
+    tasks = find_tasks(path)
+    if tiers is not None:
+        tasks = [t for t in tasks if t.config.metadata.get("difficulty") in tiers]
+    if split != "all":
+        tasks = [t for t in tasks if in_test_split(t.name, test_fraction) == (split == "test")]
+    if not tasks:
+        raise UsageError(f"{path}: no task of tiers {tiers} in split {split!r}")
+    return HarborEnvironment(tasks, name=name or path.resolve().name, **kwargs)
+
+
+def in_test_split(task_name: str, test_fraction: float) -> bool:
+    return zlib.crc32(task_name.encode()) / 2**32 < test_fraction
 
 
 def use_agent(env: Environment, agent: str) -> None:

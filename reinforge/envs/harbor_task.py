@@ -22,6 +22,7 @@ import tarfile
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -69,12 +70,15 @@ class EnvironmentSection(_Section):
 
 
 class TaskConfig(_Section):
-    """`task.toml`: the sections a sandbox needs; metadata and unknown keys are ignored."""
+    """`task.toml`: the sections a sandbox needs, and the metadata that selects tasks;
+    unknown keys are ignored."""
 
     agent: AgentSection = Field(default_factory=AgentSection)
     verifier: VerifierSection = Field(default_factory=VerifierSection)
     solution: SolutionSection = Field(default_factory=SolutionSection)
     environment: EnvironmentSection = Field(default_factory=EnvironmentSection)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    """Harbor's free-form `[metadata]` (`difficulty`, `category`, `tags`...)."""
 
 
 def _size_mb(text: str) -> int:

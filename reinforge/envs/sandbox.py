@@ -51,7 +51,7 @@ class SandboxTools:
             timeout=self.timeout_s,
             max_output_bytes=4 * self.max_output_chars,
         )
-        return self._report(result)
+        return self.report(result)
 
     async def read_file(self, path: str, episode: Episode) -> str:
         """Read a text file from your sandbox.
@@ -94,7 +94,8 @@ class SandboxTools:
         await sandbox.write_files({path: text.replace(old, new).encode()})
         return f"edited {path}"
 
-    def _report(self, result: ExecResult) -> str:
+    def report(self, result: ExecResult) -> str:
+        """A command's result as the `bash` tool returns it to the model."""
         status = "timed out" if result.timed_out else f"exit code {result.exit_code}"
         output = (result.stdout + result.stderr).decode(errors="replace")
         return f"[{status}]\n{self._truncate(output)}"

