@@ -90,6 +90,7 @@ def test_a_run_directory_is_a_model_spec_for_its_last_checkpoint(tmp_path):
     tiny = model_folder("tiny-random")
     for step in ("step_00002", "step_00010"):
         shutil.copytree(tiny, tmp_path / "checkpoints" / step)
+    (tmp_path / "config.json").write_text('{"run": {"name": "warm"}}')  # the run's config
     assert model_folder(str(tmp_path)) == tmp_path / "checkpoints" / "step_00010"
     assert load_tokenizer(str(tmp_path)).vocab_size == load_tokenizer("tiny-random").vocab_size
     with pytest.raises(UsageError, match="nor a run directory with checkpoints"):

@@ -109,10 +109,12 @@ def model_folder(spec: str) -> Path:
         name = f"{TINY_MODEL}-{digest}"
         return _cached_folder(name, lambda: (_tiny_random(), load_tokenizer(DEFAULT_MODEL)))
     folder = default_model_folder() if spec == DEFAULT_MODEL else Path(spec).expanduser()
+    # A run directory (its config.json is the run's, not a model's): its last checkpoint,
+    # e.g. an SFT warm-up's result as the start of RL.
+    checkpoints = sorted(folder.glob("checkpoints/step_*/config.json"))
+    if checkpoints:
+        return checkpoints[-1].parent
     if not (folder / "config.json").is_file():
-        checkpoints = sorted(folder.glob("checkpoints/step_*/config.json"))
-        if checkpoints:  # a run directory: its last checkpoint (a warm-up's result)
-            return checkpoints[-1].parent
         raise UsageError(
             f"unknown model {spec!r}: not one of {', '.join(BUILTIN_MODELS)}, not a folder "
             "holding a Hugging Face model (config.json), nor a run directory with checkpoints"
