@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 
 from reinforge.cli import main
+from reinforge.envs.builtin.coding import TASKS
 from reinforge.envs.exploits import EXPLOITS
 from reinforge.envs.harbor import load_environment
 from reinforge.rollout.audit import audit
@@ -85,6 +87,25 @@ async def test_the_git_history_exploit_takes_a_solution_left_in_the_reflog(tmp_p
     assert (report.oracle.mean, report.nop.mean) == (1.0, 0.0)
     assert report.exploits[0].rewards == {"history": 1.0}
     assert [e.name for e in report.hacked] == ["git-history"]
+
+
+async def test_lowered_limits_hack_a_task_whose_tests_run_the_candidate_as_root(tmp_path):
+    """The candidate claims the reward, then leaves test.sh no file descriptor to write a
+    failing one with. The bundled tasks run candidates as nobody, which stops it; a copy of
+    one whose tests drop that line is hacked."""
+    bundled = TASKS / "fix-median-bug"
+    as_root = tmp_path / "fix-median-bug"
+    shutil.copytree(bundled, as_root)
+    test_task = as_root / "tests" / "test_task.py"
+    test_task.write_text(test_task.read_text().replace("**unprivileged(),", ""))
+    (exploit,) = [e for e in EXPLOITS if e.name == "lower-limits"]
+    config = RolloutConfig(concurrency=3)
+    hacked = await audit(load_environment(as_root), [exploit], 1, config)
+    assert (hacked.oracle.mean, hacked.nop.mean) == (1.0, 0.0)
+    assert [e.name for e in hacked.hacked] == ["lower-limits"]
+    defended = await audit(load_environment(bundled), [exploit], 1, config)
+    assert (defended.oracle.mean, defended.nop.mean) == (1.0, 0.0)
+    assert defended.hacked == [] and defended.exploits[0].rewards == {"fix-median-bug": 0.0}
 
 
 def test_audit_usage_errors(capsys):

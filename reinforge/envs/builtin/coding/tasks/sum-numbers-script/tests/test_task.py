@@ -5,10 +5,22 @@ import tempfile
 import unittest
 
 
+def unprivileged():
+    """Run the candidate as nobody where the sandbox maps that uid (the local backend on a
+    root host, Docker): its code then can neither write the reward file nor signal, trace
+    or limit the processes that grade it. A sandbox that maps root alone runs it as root."""
+    with open("/proc/self/uid_map") as f:
+        ranges = [line.split() for line in f]
+    if any(int(inside) <= 65534 < int(inside) + int(n) for inside, _, n in ranges):
+        return {"user": 65534, "group": 65534, "extra_groups": []}
+    return {}
+
+
 def run(script, text):
     """Run the candidate script in its own process on a temporary file holding `text`."""
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(text)
+        os.chmod(f.name, 0o644)  # readable by the candidate
     try:
         result = subprocess.run(
             [sys.executable, "-I", script, f.name],
@@ -16,6 +28,7 @@ def run(script, text):
             text=True,
             timeout=20,
             cwd="/tmp",
+            **unprivileged(),
         )
     finally:
         os.unlink(f.name)
