@@ -22,6 +22,7 @@ from reinforge.orchestrate.config import LoopConfig, RunConfig
 from reinforge.policy.config import EngineConfig, ModelConfig, ServerConfig
 from reinforge.rollout.config import RolloutConfig, TrainRolloutConfig
 from reinforge.train.config import OptimConfig, SFTConfig, TrainerConfig
+from reinforge.train.distill import DistillConfig
 from reinforge.types import Section
 
 
@@ -37,6 +38,9 @@ class Config(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     loop: LoopConfig = Field(default_factory=LoopConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
+    distill: DistillConfig | None = None
+    """On-policy distillation: teachers score the student's sampled tokens, and the
+    negative reverse KL joins each token's advantage; None: off. docs/recipes.md."""
 
     @property
     def run_dir(self) -> Path:

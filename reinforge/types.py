@@ -63,8 +63,8 @@ class Trajectory(BaseModel):
     """One rollout, carrying exactly what training needs.
 
     `token_ids` is the whole conversation as the policy saw and produced it; `loss_mask`
-    is 1 only on tokens the policy sampled; `logprobs` and `policy_versions` have one
-    entry per masked token, in order.
+    is 1 only on tokens the policy sampled; `logprobs` and `policy_versions` (and
+    `teacher_logprobs`, when a teacher scored it) have one entry per masked token, in order.
     """
 
     task_id: str
@@ -79,6 +79,9 @@ class Trajectory(BaseModel):
     loss_mask: list[int] = Field(default_factory=list)
     logprobs: list[float] = Field(default_factory=list)
     policy_versions: list[int] = Field(default_factory=list)
+    teacher_logprobs: list[float] = Field(default_factory=list)
+    """On-policy distillation: a teacher's log-prob of each masked token, in order; empty
+    when no teacher scored the rollout."""
     rewards: dict[str, float] = Field(default_factory=dict)
     reward: float | None = None
     """The rubric's weighted total; None when the rollout was not scored (error, timeout)."""

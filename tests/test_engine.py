@@ -258,3 +258,20 @@ async def test_a_listener_gets_every_token_before_the_completion(any_engine: Eng
     assert [lp for s in heard for lp in s.logprobs] == completion.logprobs
     assert [top for s in heard for top in s.top_logprobs] == completion.top_logprobs
     assert [v for s in heard for v in s.policy_versions] == completion.policy_versions
+
+
+async def test_prompt_logprobs_are_those_of_a_plain_forward(any_engine: EngineUnderTest):
+    # What a teacher gives: each token's log-prob given those before it, under the raw
+    # model (no temperature), with its most likely alternatives.
+    prompt = list(range(30, 52))
+    scores = await any_engine.engine.prompt_logprobs(prompt, 3)
+    expected = any_engine.forced_logprobs(prompt[:1], prompt[1:])
+    torch.testing.assert_close(torch.tensor(scores.logprobs), expected, rtol=1e-4, atol=1e-5)
+    assert len(scores.top_logprobs) == len(prompt) - 1
+    for token, logprob, top in zip(prompt[1:], scores.logprobs, scores.top_logprobs, strict=True):
+        values = [value for _, value in top]
+        assert len(top) == 3 and values == sorted(values, reverse=True)
+        assert values[0] >= logprob - 1e-5 * abs(logprob)
+        if token in dict(top):
+            assert dict(top)[token] == pytest.approx(logprob, rel=1e-5)
+    assert (await any_engine.engine.prompt_logprobs(prompt, 0)).top_logprobs == []

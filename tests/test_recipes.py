@@ -1,6 +1,7 @@
 """The recipes as a user runs them: each example config trains on the tiny model, and the
 judge asks a real `reinforge serve`. A random judge writes no "Score: X", so its verdicts
-are errors, never 0: that the error carries the server's own words proves the round trip."""
+are errors, never 0: that the error carries the server's own words proves the round trip.
+Distillation is taught by the tiny model itself, then by another."""
 
 from __future__ import annotations
 
@@ -11,17 +12,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from reinforge.envs.config import EnvConfig
 from reinforge.envs.judge import Criterion, JudgeConfig
 from reinforge.envs.registry import load_configured
 from reinforge.policy.client import PolicyClient
 from reinforge.policy.config import SamplingConfig
+from reinforge.policy.models import load_model
 from reinforge.rollout.config import RolloutConfig
 from reinforge.rollout.generator import generate_groups
 from reinforge.types import Status
 
-from .commands import LENGTH_ENV, ROOT, serving
+from .commands import LENGTH_ENV, ROOT, reinforge, serving
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +93,65 @@ def test_the_recipe_examples_train_on_the_tiny_model(example, tmp_path, judge_ur
     if example == "judge":
         assert rows[0]["errored"] == len(trajectories)  # a random judge gives no score
         assert all("JudgeError" in t["error"] for t in trajectories)
+
+
+def test_distillation_from_itself_has_no_reverse_kl_and_from_another_model_some(tmp_path):
+    """`reinforge train examples/distill.toml` on the tiny model, taught by the tiny model
+    itself, then by a copy with noisy weights. The student's log-prob minus the teacher's
+    on its own tokens is ~0 only when the two are one model: a check of the sign and of
+    the alignment of teacher and sampled tokens. A random model earns no reward, so every
+    group is uniform and only distillation trains it."""
+    teacher, tokenizer = load_model("tiny-random")
+    noise = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in teacher.parameters():
+            parameter.add_(0.2 * torch.randn(parameter.shape, generator=noise))
+    teacher.save_pretrained(tmp_path / "noisy")
+    tokenizer.save_pretrained(tmp_path / "noisy")
+    reverse_kl = {}
+    for name, model in (("itself", "tiny-random"), ("noisy", str(tmp_path / "noisy"))):
+        result = reinforge(
+            "train",
+            "examples/distill.toml",
+            "model.name=tiny-random",
+            "run.steps=2",
+            f"run.dir={tmp_path}",
+            f"run.name={name}",
+            "rollout.tasks_per_step=2",
+            "rollout.rollouts_per_task=2",
+            f'distill.teachers=[{{model = "{model}"}}]',
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        rows = [
+            json.loads(line)
+            for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        ]
+        for row in rows:
+            assert row["zero_variance_groups"] == 0 and row["train"] is not None
+            assert row["distill"]["taught_samples"] == 4
+        for trajectory in _trajectories(tmp_path / name / "trajectories" / "step_00001.jsonl"):
+            assert len(trajectory["teacher_logprobs"]) == sum(trajectory["loss_mask"]) > 0
+        reverse_kl[name] = rows[0]["distill"]["reverse_kl"]
+    # The same weights: the engine's cached decode and the teacher's one forward agree to
+    # float rounding. Other weights: the student's tokens are likelier under the student.
+    assert abs(reverse_kl["itself"]) < 1e-4
+    assert reverse_kl["noisy"] > 0.1
+
+
+def test_an_unreachable_teacher_is_one_line_and_exit_code_2(tmp_path):
+    result = reinforge(
+        "train",
+        "examples/distill.toml",
+        "model.name=tiny-random",
+        f"run.dir={tmp_path}",
+        'distill.teachers=[{model = "http://127.0.0.1:9/v1"}]',
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "reinforge train: error: cannot reach an OpenAI-compatible server at "
+        "http://127.0.0.1:9/v1: Connection error."
+    )
+    assert "Traceback" not in result.stderr
 
 
 def _trajectories(path: Path) -> list[dict]:

@@ -295,6 +295,48 @@ def test_top_logprobs_with_the_openai_client(any_client):
         assert top[token] == logprob == max(top.values()) and len(top) == 2
 
 
+def test_echo_scores_the_prompt_as_a_plain_forward_does(any_client, any_engine):
+    # OpenAI's legacy scoring call, which a teacher answers: prompt log-probs, none sampled.
+    prompt = list(range(40, 60))
+    response = any_client.completions.create(
+        model="tiny-random", prompt=prompt, max_tokens=0, echo=True, logprobs=2
+    )
+    (choice,) = response.choices
+    logprobs = choice.logprobs
+    tokenizer = load_tokenizer("tiny-random")
+    assert choice.text == tokenizer.decode(prompt) and choice.model_extra["token_ids"] == []
+    assert response.usage.completion_tokens == 0 and response.usage.prompt_tokens == len(prompt)
+    assert logprobs.tokens == [tokenizer.decode([t]) for t in prompt]
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    expected = any_engine.forced_logprobs(prompt[:1], prompt[1:])
+    given = torch.tensor(logprobs.token_logprobs[1:])
+    torch.testing.assert_close(given, expected, rtol=1e-4, atol=1e-5)
+    for token, logprob, top in zip(
+        logprobs.tokens[1:], logprobs.token_logprobs[1:], logprobs.top_logprobs[1:], strict=True
+    ):
+        assert top[token] == logprob and len(top) in (2, 3)  # the 2 likeliest and its own
+    lengths = [len(t) for t in logprobs.tokens]
+    assert logprobs.text_offset == [sum(lengths[:i]) for i in range(len(prompt))]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"echo": True, "max_tokens": 3}, "echo"),
+        ({"echo": True}, "echo"),
+        ({"echo": True, "max_tokens": 0, "stream": True}, "stream"),
+        ({"echo": True, "max_tokens": 0, "logprobs": 21}, "logprobs"),
+        ({"echo": True, "max_tokens": 0, "prompt": [1, 10**6]}, "prompt_token_ids"),
+    ],
+)
+def test_echo_requests_it_cannot_serve_are_refused_naming_the_field(server, body, param):
+    request = {"model": "tiny-random", "prompt": [1, 2, 3], "logprobs": 0, **body}
+    response = httpx.post(f"{server}/v1/completions", json=request)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == param
+
+
 def test_top_logprobs_past_the_limit_are_refused_naming_the_field(client):
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(

@@ -35,6 +35,7 @@ from reinforge.orchestrate.engines import open_engine
 from reinforge.orchestrate.metrics import StepMetrics, StepTime, step_metrics
 from reinforge.orchestrate.record import RunRecorder
 from reinforge.orchestrate.rollouts import Finished, RolloutSide
+from reinforge.orchestrate.teachers import Teachers
 from reinforge.orchestrate.trackers import check_installed
 from reinforge.policy.models import load_model
 from reinforge.rollout.summary import summarize
@@ -75,6 +76,7 @@ async def train(
                 f"(raise run.steps to train on)"
             )
         position = state.get("loop", RolloutSide.start_position(start_step))
+    teachers = await Teachers.open(config, tokenizer, env.name)
     engine = await open_engine(config, model, tokenizer, version)
     bound = config.loop.max_staleness if config.loop.mode != "sync" else 0
     per_step = config.rollout.tasks_per_step
@@ -91,8 +93,13 @@ async def train(
             finished, dropped = await _collect(rollouts, per_step, engine.version, bound)
             trainer_idle_s = time.perf_counter() - started
             groups = [f.group for f in sorted(finished, key=lambda f: f.slot)]
-            # 2. reward is in the trajectories; 3. advantages within each group
-            selection = select_for_training(groups, config.trainer)
+            # 2. reward is in the trajectories; a teacher (distillation) scores the tokens
+            # of the tasks it teaches
+            started = time.perf_counter()
+            groups = await teachers.score(groups)
+            teacher_s = time.perf_counter() - started
+            # 3. advantages within each group, per token where a teacher scored it
+            selection = select_for_training(groups, config.trainer, config.distill)
             trained_version = engine.version
             # 4-6. loss, optimizer step, weight sync (nothing to learn if every group was
             # uniform); in a thread, so the rollout side keeps running
@@ -125,6 +132,7 @@ async def train(
                     total_s=total_s,
                 ),
                 rollout_tokens_per_s=sampled / busy_s if busy_s > 0 else 0.0,
+                teacher_s=teacher_s if config.distill else None,
             )
             state = {"policy_version": engine.version, "loop": rollouts.position()}
             recorder.record(step + 1, metrics, trainer, state, groups)
@@ -134,6 +142,7 @@ async def train(
         await asyncio.gather(producer, return_exceptions=True)
         await rollouts.aclose()
         await engine.aclose()
+        await teachers.aclose()
         await env.aclose()
         recorder.close()
     return recorder.directory

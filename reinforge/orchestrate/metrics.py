@@ -36,6 +36,20 @@ class TokenRates(Record):
     """Trained tokens per second of `train_s`."""
 
 
+class DistillStats(Record):
+    """On-policy distillation's numbers, over the step's trained tokens that a teacher
+    scored."""
+
+    reverse_kl: float
+    """Mean of the student's log-prob (the behaviour one) minus the teacher's: an
+    estimate of KL(student || teacher) per token, about 0 when the two agree."""
+    taught_samples: int
+    """Trained rollouts a teacher scored."""
+    taught_tokens: int
+    teacher_s: float
+    """Seconds the teachers took to score the step's rollouts."""
+
+
 class StepMetrics(RolloutSummary):
     step: int
     """Counted from 1: the steps done after it."""
@@ -59,6 +73,8 @@ class StepMetrics(RolloutSummary):
     """Trained rollouts sampled under two or more policy versions (partial mode)."""
     time: StepTime
     tokens_per_s: TokenRates
+    distill: DistillStats | None = None
+    """None when the run does not distil (`distill` unset)."""
 
 
 class SftStepMetrics(Record):
@@ -83,9 +99,11 @@ def step_metrics(
     dropped_stale: int,
     time: StepTime,
     rollout_tokens_per_s: float,
+    teacher_s: float | None = None,
 ) -> StepMetrics:
     """`summary` is `summarize` of the step's groups; staleness is the trainer's version
-    when it trained (`trained_version`) minus the version that sampled each trained token."""
+    when it trained (`trained_version`) minus the version that sampled each trained token.
+    `teacher_s`: the teachers' scoring time, when the run distils."""
     staleness = [trained_version - v for t in selection.trajectories for v in t.policy_versions]
     samples = len(selection.trajectories)
     trained_tokens = trained.trained_tokens if trained is not None else 0.0
@@ -107,4 +125,16 @@ def step_metrics(
             rollout=rollout_tokens_per_s,
             train=trained_tokens / time.train_s if time.train_s > 0 else 0.0,
         ),
+        distill=None if teacher_s is None else _distill_stats(selection, teacher_s),
+    )
+
+
+def _distill_stats(selection: Selection, teacher_s: float) -> DistillStats:
+    taught = [t for t in selection.trajectories if t.teacher_logprobs]
+    gaps = [s - t for r in taught for s, t in zip(r.logprobs, r.teacher_logprobs, strict=True)]
+    return DistillStats(
+        reverse_kl=sum(gaps) / len(gaps) if gaps else 0.0,
+        taught_samples=len(taught),
+        taught_tokens=len(gaps),
+        teacher_s=teacher_s,
     )

@@ -14,6 +14,7 @@ from transformers import PreTrainedTokenizerBase
 from reinforge.policy.config import EngineConfig, ModelConfig
 from reinforge.policy.engine import Completion, Engine, EngineStats, TokenListener
 from reinforge.policy.sampling import SamplingParams
+from reinforge.policy.scoring import PromptLogprobs
 
 
 class SamplingEngine(Protocol):
@@ -34,6 +35,11 @@ class SamplingEngine(Protocol):
     ) -> Completion:
         """The finished completion; `on_tokens` (if given) gets its tokens as they are
         sampled, before this returns."""
+        ...
+
+    async def prompt_logprobs(self, token_ids: list[int], top_logprobs: int = 0) -> PromptLogprobs:
+        """The raw model's log-prob of each token after the first given those before it,
+        with `top_logprobs` alternatives at each position: what a teacher is asked for."""
         ...
 
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int | None = None) -> int:

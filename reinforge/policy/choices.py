@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import Any, Literal
 
 from transformers import PreTrainedTokenizerBase
@@ -15,6 +16,7 @@ from transformers import PreTrainedTokenizerBase
 from reinforge.policy.chat import parse_tool_calls
 from reinforge.policy.engine import Completion
 from reinforge.policy.requests import ChatRequest, CompletionRequest
+from reinforge.policy.scoring import PromptLogprobs
 
 Json = dict[str, Any]  # a JSON object, as the OpenAI schema shapes it
 
@@ -72,6 +74,41 @@ class ChoiceWriter:
             "finish_reason": completion.finish_reason,
             "logprobs": self.text_logprobs(completion, every, request),
             **extensions(completion, text),
+        }
+
+    def echo_choice(
+        self, index: int, prompt_ids: list[int], scores: PromptLogprobs | None, k: int
+    ) -> Json:
+        """The prompt echoed with nothing sampled (`max_tokens: 0`), and with `scores`
+        each prompt token's log-prob, the first token's None, as OpenAI's completions API
+        writes them; `top_logprobs` (k > 0) maps the k most likely tokens and the prompt's
+        own to their log-probs. `text_offset` sums the token texts' lengths, as vLLM does."""
+        logprobs = None
+        if scores is not None:
+            tokens = [self._token(t) for t in prompt_ids]
+            top = None
+            if k:
+                top = [None] + [
+                    {
+                        **{self._token(t): _written(lp) for t, lp in alternatives},
+                        token: _written(lp),
+                    }
+                    for token, lp, alternatives in zip(
+                        tokens[1:], scores.logprobs, scores.top_logprobs, strict=True
+                    )
+                ]
+            logprobs = {
+                "tokens": tokens,
+                "token_logprobs": [None] + [_written(lp) for lp in scores.logprobs],
+                "top_logprobs": top,
+                "text_offset": list(accumulate((len(t) for t in tokens[:-1]), initial=0)),
+            }
+        return {
+            "index": index,
+            "text": self.tokenizer.decode(prompt_ids),
+            "finish_reason": "length",
+            "logprobs": logprobs,
+            **extensions(Completion([], [], [], "length"), ""),
         }
 
     def chat_logprobs(self, completion: Completion, tokens: Sequence[int]) -> list[Json]:

@@ -35,6 +35,7 @@ from reinforge.policy.kv_cache import cache_keyword, roomy_cache
 from reinforge.policy.models import load_model
 from reinforge.policy.prefix_cache import PrefixCache
 from reinforge.policy.sampling import RowSampler, SamplingParams, TopLogprobs, sample
+from reinforge.policy.scoring import PromptLogprobs, forward_logprobs
 
 FinishReason = Literal["stop", "length"]
 
@@ -166,6 +167,18 @@ class Engine:
         on_tokens: TokenListener | None = None,
     ) -> Completion:
         return await asyncio.wrap_future(self.submit(prompt_ids, params, on_tokens))
+
+    async def prompt_logprobs(self, token_ids: list[int], top_logprobs: int = 0) -> PromptLogprobs:
+        """Each token's log-prob given those before it: one forward over the ids, between
+        two decode steps, outside the batch (its prefix cache and padding are for decoding)."""
+        return await asyncio.to_thread(self._score, token_ids, top_logprobs)
+
+    def _score(self, token_ids: list[int], top_logprobs: int) -> PromptLogprobs:
+        with self._lock, torch.inference_mode():
+            scores = forward_logprobs(self.model, token_ids, top_logprobs)
+            self.stats.requests += 1
+            self.stats.prefill_tokens += len(token_ids)
+        return scores
 
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int | None = None) -> int:
         """Copy new weights in place (cast to the engine's dtype); returns the new version:

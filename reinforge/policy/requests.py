@@ -103,13 +103,33 @@ class WeightsUpdate(BaseModel):
 class CompletionRequest(SamplingRequest):
     prompt: str | list[int] = ""
     logprobs: int | None = Field(None, ge=0)
-    """The sampled tokens' log-probs, with this many alternatives each."""
+    """The sampled tokens' log-probs (with `echo`, the prompt's), with this many
+    alternatives each."""
+    echo: bool = False
+    """Return the prompt, and with `logprobs` each prompt token's log-prob; supported with
+    `max_tokens: 0` (score a prompt, sample nothing)."""
+    max_tokens: int | None = Field(None, ge=0)
+    """0 only with `echo`."""
 
     alternatives_field: ClassVar[str] = "logprobs"
 
     @property
     def alternatives(self) -> int:
         return self.logprobs or 0
+
+    def check_echo(self) -> None:
+        """Echo scores a prompt; sampling after it, or streaming it, is not supported."""
+        if self.max_tokens == 0 and not self.echo:
+            raise bad_request(
+                "max_tokens=0 samples nothing: send echo=true to score the prompt", "max_tokens"
+            )
+        if self.echo and self.max_tokens != 0:
+            raise bad_request(
+                "echo is supported with max_tokens=0 only (score the prompt, sample nothing)",
+                "echo",
+            )
+        if self.echo and self.stream:
+            raise bad_request("echo with max_tokens=0 is not streamed: send stream=false", "stream")
 
 
 def chat_messages(raw: list[dict[str, Any]]) -> list[Message]:

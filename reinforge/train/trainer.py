@@ -2,8 +2,8 @@
 
 The algorithm (advantage, loss, aggregation) comes from the typed config; this class only
 batches, accumulates over micro-batches, clips and steps, the same for RL and for SFT (whose
-loss is one more config). Zero-variance groups and errored rollouts never reach it:
-`select_for_training` leaves them out.
+loss is one more config). Zero-variance groups (unless a teacher scored them) and errored
+rollouts never reach it: `select_for_training` leaves them out.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 
 from reinforge.train.batching import TrainBatch, micro_batches
 from reinforge.train.config import OptimConfig, TrainerConfig
+from reinforge.train.distill import DistillConfig
 from reinforge.train.logprobs import SelectiveLogprobs
 from reinforge.train.losses import masked_mean
 from reinforge.train.trainable import is_adapter, reference_context
@@ -48,7 +49,8 @@ class Selection:
     """The trajectories that train this step, their advantages, and what was left out."""
 
     trajectories: list[Trajectory] = field(default_factory=list)
-    advantages: list[float] = field(default_factory=list)
+    advantages: list[float | list[float]] = field(default_factory=list)
+    """One per trajectory, or one per sampled token of a taught one (distillation)."""
     zero_variance_groups: int = 0
     masked_truncated: int = 0
     """Truncated completions left out of the loss (`truncated = "mask"`)."""
@@ -57,19 +59,19 @@ class Selection:
         return TrainBatch.from_trajectories(self.trajectories, self.advantages)
 
 
-def select_for_training(groups: list[Group], config: TrainerConfig) -> Selection:
+def select_for_training(
+    groups: list[Group], config: TrainerConfig, distill: DistillConfig | None = None
+) -> Selection:
     """Errored rollouts are excluded before advantages, so they do not shift
-    a group's mean; a group whose rewards are all equal carries no signal and is skipped.
+    a group's mean; a group whose rewards are all equal carries no signal and is skipped,
+    unless a teacher scored it (`distill`): its tokens' distillation advantages still teach.
     Truncated completions are handled as `config.truncated` says."""
     selection = Selection()
     for group in groups:
-        usable = [
-            t
-            for t in group.trajectories
-            if t.status in (Status.OK, Status.TRUNCATED) and t.logprobs
-        ]
+        usable = [t for t in group.trajectories if trainable(t)]
+        taught = distill is not None and bool(usable) and all(t.teacher_logprobs for t in usable)
         rewards = [_training_reward(t, config) for t in usable]
-        if len(usable) < 2 or max(rewards) == min(rewards):
+        if not taught and (len(usable) < 2 or max(rewards) == min(rewards)):
             selection.zero_variance_groups += 1
             continue
         advantages = config.algorithm.advantage.compute(torch.tensor(rewards))  # (G,)
@@ -78,8 +80,16 @@ def select_for_training(groups: list[Group], config: TrainerConfig) -> Selection
                 selection.masked_truncated += 1
                 continue
             selection.trajectories.append(trajectory)
-            selection.advantages.append(advantage)
+            if distill is not None and taught:
+                selection.advantages.append(distill.token_advantages(trajectory, advantage))
+            else:
+                selection.advantages.append(advantage)
     return selection
+
+
+def trainable(trajectory: Trajectory) -> bool:
+    """Whether a rollout may take part in the gradient: scored, with sampled tokens."""
+    return trajectory.status in (Status.OK, Status.TRUNCATED) and bool(trajectory.logprobs)
 
 
 def _training_reward(trajectory: Trajectory, config: TrainerConfig) -> float:
