@@ -19,6 +19,8 @@ from reinforge.train.config import SFTConfig
 from reinforge.train.sft import load_data
 
 from .commands import reinforge
+from .envs.scripted import ScriptedClient
+from .test_sandbox_env import call
 
 EASY = {
     p.name
@@ -84,6 +86,34 @@ def test_oracle_transcripts_are_tool_calls_that_render_as_sft_data(tmp_path):
         )
         assert trained.startswith('<tool_call>\n{"name": "bash", "arguments": {"command": ')
         assert trained.endswith(trajectory.messages[-1]["content"] + "<|im_end|>")
+
+
+@pytest.mark.parametrize(
+    ("replies", "tool_format"),
+    [
+        ([call("bash", command="printf done > /app/notes.txt"), "Done."], 1.0),
+        (
+            [
+                '<tool_call>\n{"name": "bash", "arguments": {"command": "a "b""}}\n</tool_call>',
+                "Done.",
+            ],
+            0.0,
+        ),
+        ([call("bash", command="true"), call("no_such_tool"), "Done."], 0.0),
+        (["Done, without a tool."], 0.0),
+    ],
+)
+async def test_the_tool_format_term_pays_for_calls_that_all_parse(replies, tool_format):
+    env = load_environment(TASKS, tiers=["easy"], split="test", max_turns=3, format_weight=0.25)
+    (task,) = [t for t in env.tasks(len(env.runnable)) if t.id == "create-done-file"]
+    try:
+        episode = await env.rollout(ScriptedClient(replies), task)
+        (score,) = await env.rubric.score([episode])
+    finally:
+        await env.aclose()
+    assert score.rewards["tool_format"] == tool_format
+    solved = 1.0 if tool_format else 0.0  # only the first script writes the file
+    assert score.total == solved + 0.25 * tool_format
 
 
 def test_a_run_directory_is_a_model_spec_for_its_last_checkpoint(tmp_path):

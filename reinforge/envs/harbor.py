@@ -81,6 +81,7 @@ class HarborEnvironment(Environment):
         provider: SandboxProvider | None = None,
         max_sandboxes: int = 32,
         allow_internet: bool = False,
+        format_weight: float = 0.0,
     ) -> None:
         self.skipped = {t.name: t.plan.needs_docker for t in tasks if t.plan.needs_docker}
         self.runnable = {t.name: t for t in tasks if not t.plan.needs_docker}
@@ -94,7 +95,12 @@ class HarborEnvironment(Environment):
             max_turns=max_turns,
             max_tokens_per_turn=max_tokens_per_turn,
         )
-        super().__init__(harness, Rubric(Reward(self.verifier_reward, name="reward")))
+        rubric = Rubric(
+            Reward(self.verifier_reward, name="reward"),
+            Reward(tool_format, format_weight, name="tool_format"),
+        )
+        super().__init__(harness, rubric)
+        self.format_weight = format_weight
         self.name = name
         self.agent: AgentName | ScriptAgent = "model"
         self.use_agent(agent)
@@ -122,6 +128,7 @@ class HarborEnvironment(Environment):
             self._the_provider(),
             self._max_sandboxes,
             self.allow_internet,
+            self.format_weight,
         )
 
     @property
@@ -321,6 +328,14 @@ class HarborEnvironment(Environment):
         if self._owned is not None:
             await self._owned.aclose()
             self._owned = None
+
+
+def tool_format(episode: Episode) -> float:
+    """1 when the agent called a tool and every call it wrote parsed and named a tool, else
+    0. A small weight gives a signal before any rollout passes (a model that has just
+    learned the format still writes malformed JSON half the time); it can be had with any
+    well-formed call, so it must stay well below the verifier's 1."""
+    return float(episode.tool_calls > 0 and episode.tool_errors == 0)
 
 
 def _keep_output(episode: Episode, agent: str, result: ExecResult) -> None:
