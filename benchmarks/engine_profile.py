@@ -445,7 +445,11 @@ def profile_steps(step: Callable[[], Any], steps: int, top: int) -> tuple[dict[s
 
 def sampling_ms(vocab: int, repeats: int = 50) -> float:
     """Median ms of the engine's sampler on one row (temperature 1, top_p 1)."""
-    rows = [RowSampler(SamplingParams(max_tokens=1, temperature=1.0, top_p=1.0, seed=0))]
+    rows = [
+        RowSampler(
+            SamplingParams(max_tokens=1, temperature=1.0, top_p=1.0, stop_loops=False, seed=0)
+        )
+    ]
     logits = torch.randn(1, vocab)
     times = []
     with torch.inference_mode():

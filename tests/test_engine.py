@@ -18,7 +18,9 @@ from .conftest import EngineUnderTest
 
 def sampling(**settings: object) -> SamplingParams:
     """Plain sampling (temperature 1, top_p 1) with the given settings changed."""
-    return SamplingParams(**{"max_tokens": 8, "temperature": 1.0, "top_p": 1.0, **settings})  # type: ignore[arg-type]
+    return SamplingParams(
+        **{"max_tokens": 8, "temperature": 1.0, "top_p": 1.0, "stop_loops": False, **settings}
+    )  # type: ignore[arg-type]
 
 
 def teacher_forced_logprobs(engine, prompt: list[int], completion: list[int]) -> torch.Tensor:

@@ -7,7 +7,9 @@ from reinforge.policy.sampling import RowSampler, SamplingParams, sample
 
 def sampling(**settings: object) -> SamplingParams:
     """Plain sampling (temperature 1, top_p 1) with the given settings changed."""
-    return SamplingParams(**{"max_tokens": 1, "temperature": 1.0, "top_p": 1.0, **settings})  # type: ignore[arg-type]
+    return SamplingParams(
+        **{"max_tokens": 1, "temperature": 1.0, "top_p": 1.0, "stop_loops": False, **settings}
+    )  # type: ignore[arg-type]
 
 
 def rows(*params: SamplingParams) -> list[RowSampler]:

@@ -18,6 +18,7 @@ import torch
 from reinforge.policy.config import EngineConfig, ServerConfig
 from reinforge.policy.engine import Engine
 from reinforge.policy.models import load_model, load_tokenizer
+from reinforge.policy.repetition import tail_loop
 from reinforge.policy.server import create_app
 
 from .commands import serving
@@ -177,6 +178,7 @@ def test_models_and_health(server, client):
         ({"max_tokens": 100_000}, "messages"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
+        ({"stop_loops": "sometimes"}, "stop_loops"),
         ({"messages": [{"role": "user", "content": [1]}]}, "messages[0].content[0].type"),
         (
             {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}]},
@@ -317,6 +319,34 @@ def test_echo_scores_the_prompt_as_a_plain_forward_does(any_client, any_engine):
         assert top[token] == logprob and len(top) in (2, 3)  # the 2 likeliest and its own
     lengths = [len(t) for t in logprobs.tokens]
     assert logprobs.text_offset == [sum(lengths[:i]) for i in range(len(prompt))]
+
+
+def test_stop_loops_ends_a_looping_choice_with_finish_reason_loop(any_client, any_engine):
+    # Greedy, the tiny random model soon repeats one token over and over: a 1-token unit
+    # becomes a loop at its 32nd copy (the tail rule's 32-token span), well before 96.
+    greedy = {"model": "tiny-random", "max_tokens": 96, "temperature": 0}
+    full = any_client.chat.completions.create(messages=[USER], logprobs=True, **greedy)
+    stopped = any_client.chat.completions.create(
+        messages=[USER], logprobs=True, extra_body={"stop_loops": True}, **greedy
+    )
+    _, sampled = any_engine.engine.log[-1]
+    (choice,) = stopped.choices
+    token_ids = choice.model_extra["token_ids"]
+    assert full.choices[0].finish_reason == "length" and choice.finish_reason == "loop"
+    # exactly what the engine sampled, up to the first token whose tail loops
+    assert token_ids == sampled.token_ids and len(token_ids) < 96
+    assert [entry.logprob for entry in choice.logprobs.content] == sampled.logprobs
+    assert tail_loop(token_ids) is not None and tail_loop(token_ids[:-1]) is None
+    # ... and a prefix of what the same request samples without stopping
+    assert full.choices[0].model_extra["token_ids"][: len(token_ids)] == token_ids
+
+    # The completions API takes it too, and a stream ends on the same reason.
+    streamed = any_client.completions.create(
+        prompt="Once upon a time", stream=True, extra_body={"stop_loops": True}, **greedy
+    )
+    (last,) = [c.choices[0] for c in streamed if c.choices and c.choices[0].finish_reason]
+    assert last.finish_reason == "loop" and len(last.model_extra["token_ids"]) < 96
+    assert last.model_extra["token_ids"] == any_engine.engine.log[-1][1].token_ids
 
 
 @pytest.mark.parametrize(

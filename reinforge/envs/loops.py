@@ -9,8 +9,12 @@ The rule, over the token ids one turn sampled (it works on any sequence: words i
   `NGRAM`-token windows already appeared earlier in it: a paragraph said three times, even
   if the model then broke out and answered.
 
+The tail rule (`tail_loop`) lives in `reinforge/policy/repetition.py`, beside the engines
+that can stop a sample whose tail loops (`stop_loops`, finish reason "loop").
+
 An episode loops when one of its turns does. A truncated episode was truncated by a loop
-when its last turn loops: the limit cut off a model that was still repeating itself.
+when its last turn loops: the limit cut off a model that was still repeating itself, or
+the engine stopped it there.
 """
 
 from __future__ import annotations
@@ -18,36 +22,14 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
+from reinforge.policy.repetition import MIN_SPAN, tail_loop
 from reinforge.types import Status, Trajectory
 
 if TYPE_CHECKING:
     from reinforge.envs.episode import Episode
 
-MIN_COPIES = 4
-MIN_SPAN = 32
-MAX_PERIOD = 64
 NGRAM = 8
 NGRAM_SHARE = 0.5
-
-
-def tail_loop(
-    sequence: Sequence[Hashable],
-    min_copies: int = MIN_COPIES,
-    min_span: int = MIN_SPAN,
-    max_period: int = MAX_PERIOD,
-) -> tuple[int, int] | None:
-    """(period, copies) of the shortest unit that repeats at the end of `sequence` often and
-    long enough to be a loop; None when none does. Copies count whole units only."""
-    n = len(sequence)
-    for period in range(1, min(max_period, n // min_copies) + 1):
-        matched = 0  # trailing positions equal to the token one period earlier
-        end = n - 1
-        while matched + period < n and sequence[end - matched] == sequence[end - matched - period]:
-            matched += 1
-        copies = (matched + period) // period
-        if copies >= min_copies and copies * period >= min_span:
-            return period, copies
-    return None
 
 
 def repeated_ngram_share(sequence: Sequence[Hashable], n: int = NGRAM) -> float:

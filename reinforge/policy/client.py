@@ -37,6 +37,8 @@ class Reply:
     """The assistant message to append to the conversation: raw sampled text as content
     (tool-call markup included, so the history renders as sampled) and parsed tool calls."""
     finish_reason: str
+    """OpenAI's, or reinforge's "loop": the engine stopped a turn whose tail loops
+    (`stop_loops`)."""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     policy_versions: list[int] = field(default_factory=list)
@@ -51,7 +53,8 @@ class Reply:
 
     @property
     def truncated(self) -> bool:
-        return self.finish_reason == "length"
+        """Cut off by a limit or stopped in a loop: either way the turn is unfinished."""
+        return self.finish_reason in ("length", "loop")
 
 
 @dataclass
@@ -158,6 +161,11 @@ class EpisodeClient:
     def sampled_tokens(self) -> int:
         return sum(len(t.reply.token_ids) for t in self.turns)
 
+    @property
+    def loop_stops(self) -> int:
+        """Turns the engine stopped because their tail looped (`stop_loops`)."""
+        return sum(t.reply.finish_reason == "loop" for t in self.turns)
+
     async def chat(
         self,
         messages: list[Message],
@@ -174,6 +182,8 @@ class EpisodeClient:
         continuation = self._continuation_tokens(messages)
         if continuation is not None:
             extra["prompt_token_ids"] = continuation
+        if sampling.stop_loops:  # only when on: a server without the extension may refuse it
+            extra["stop_loops"] = True
         seed = openai.omit if self.seed is None else self.seed + len(self.turns)
         started = time.perf_counter()
         try:

@@ -64,6 +64,11 @@ class SamplingConfig(Section):
     """Divides the logits before sampling; 0 samples greedily."""
     top_p: TopP = 1.0
     """Nucleus sampling: draw from the smallest set of tokens whose probability reaches it."""
+    stop_loops: bool = False
+    """End a completion as soon as its tail repeats itself (the tail rule of
+    `reinforge/policy/repetition.py`), with finish reason "loop", rather than sample the
+    rest of the loop; an episode that ends on such a turn ends truncated, as at the token
+    limit."""
 
 
 class ServerConfig(Section):

@@ -34,10 +34,12 @@ from reinforge.policy.config import EngineConfig
 from reinforge.policy.kv_cache import cache_keyword, roomy_cache
 from reinforge.policy.models import load_model
 from reinforge.policy.prefix_cache import PrefixCache
+from reinforge.policy.repetition import tail_loop
 from reinforge.policy.sampling import RowSampler, SamplingParams, TopLogprobs, sample
 from reinforge.policy.scoring import PromptLogprobs, forward_logprobs
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "loop"]
+"""EOS or a stop string; a token limit; a tail that loops, with `stop_loops` set."""
 
 
 @dataclass(frozen=True)
@@ -395,6 +397,9 @@ class Engine:
                 if stop in text:
                     completion.finish_reason, completion.stop_text = "stop", stop
                     return True
+        if request.params.stop_loops and tail_loop(completion.token_ids) is not None:
+            completion.finish_reason = "loop"
+            return True
         total = len(request.prompt_ids) + len(completion.token_ids)
         if len(completion.token_ids) >= request.params.max_tokens or total >= self.max_context:
             completion.finish_reason = "length"

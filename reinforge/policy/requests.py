@@ -49,6 +49,8 @@ class SamplingRequest(BaseModel):
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     prompt_token_ids: list[int] | None = None
+    stop_loops: bool | None = None
+    """Extension: end a choice where its tail loops, with finish reason "loop"."""
 
     @field_validator("stop")
     @classmethod

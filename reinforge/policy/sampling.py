@@ -22,6 +22,8 @@ class SamplingParams:
     max_tokens: int
     temperature: float
     top_p: float
+    stop_loops: bool
+    """End the completion at the first token whose tail loops (finish reason "loop")."""
     stop: tuple[str, ...] = ()
     seed: int | None = None
     """None: an unseeded draw."""

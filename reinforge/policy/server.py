@@ -8,6 +8,8 @@ Extensions to OpenAI's schema (ignored by clients that do not know them):
   last assistant turn's sampled tokens. The server appends the template's tokens for the
   messages after the last assistant message, so earlier turns are never re-rendered.
   With no assistant message in `messages`, `prompt_token_ids` is the whole prompt;
+- request `stop_loops`: end a choice as soon as its tail repeats itself, with finish
+  reason `loop` (`policy/repetition.py` has the rule);
 - `POST /v1/weights` `{"path", "version"}`: a trainer on this machine hands over new
   weights as a safetensors file, with `server.weights_token` as its bearer token; they
   apply between two decode steps and requests in flight continue under them;
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
@@ -54,6 +57,9 @@ from reinforge.policy.requests import (
 from reinforge.policy.sampling import SamplingParams
 from reinforge.policy.scoring import PromptLogprobs
 from reinforge.policy.streaming import stream
+
+_Setting = TypeVar("_Setting", float, bool)
+"""A sampling setting a request may leave to the server's config."""
 
 
 def create_app(engine: SamplingEngine, config: ServerConfig) -> FastAPI:
@@ -228,6 +234,7 @@ class _Service:
                 stop=tuple(request.stop or ()),
                 seed=None if request.seed is None else request.seed + i,
                 top_logprobs=request.alternatives,
+                stop_loops=_given(request.stop_loops, self.config.sampling.stop_loops),
             )
             for i in range(request.n)
         ]
@@ -266,7 +273,7 @@ class _Service:
         return await asyncio.gather(*(self.engine.generate(prompt_ids, p) for p in params))
 
 
-def _given(value: float | None, default: float) -> float:
+def _given(value: _Setting | None, default: _Setting) -> _Setting:
     return default if value is None else value
 
 

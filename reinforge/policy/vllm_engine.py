@@ -17,6 +17,10 @@ distribution. A weight update happens between two steps, under the same lock:
   and version always come from one set of weights, as in the built-in engine. (A seeded
   request draws its continuation from a stream reseeded by its length so far.)
 
+A request that asks for loop stops (`stop_loops`) is checked after each step by the rule
+the built-in engine applies (`repetition.py`): where its tail loops, it is aborted in vLLM
+and answered with its tokens up to the first looping one, finish reason "loop".
+
 A prompt's log-probs (`prompt_logprobs`, a teacher's scores) come from a request for one
 token, whose sample is dropped: vLLM samples at least one.
 
@@ -54,6 +58,7 @@ from reinforge.policy.engine import (
     take_requests,
 )
 from reinforge.policy.models import load_tokenizer, model_folder
+from reinforge.policy.repetition import loop_end
 from reinforge.policy.sampling import SamplingParams, TopLogprobs
 from reinforge.policy.scoring import PromptLogprobs
 
@@ -77,7 +82,7 @@ class _Request:
     scores: PromptLogprobs | None = None
 
 
-_SCORING = SamplingParams(max_tokens=1, temperature=1.0, top_p=1.0)
+_SCORING = SamplingParams(max_tokens=1, temperature=1.0, top_p=1.0, stop_loops=False)
 
 
 class VllmEngine:
@@ -235,15 +240,25 @@ class VllmEngine:
                 output.prompt_logprobs, request.prompt_ids, request.prompt_logprobs
             )
         positions = list(zip(sample.token_ids, sample.logprobs or [], strict=True))
+        looped = self._loop_end(request, output, [token for token, _ in positions])
+        if looped is not None:  # the loop's tokens up to its first looping one
+            positions = positions[: looped - len(completion.token_ids)]
         k = request.params.top_logprobs
         sampled = Sampled(
-            token_ids=list(sample.token_ids),
+            token_ids=[token for token, _ in positions],
             logprobs=[float(logprobs[token].logprob) for token, logprobs in positions],
             top_logprobs=[_most_likely(logprobs, k) for _, logprobs in positions] if k else [],
             policy_versions=[version] * len(positions),
         )
         completion.extend(sampled, request.on_tokens)
-        self.stats.generated_tokens += len(sample.token_ids)
+        self.stats.generated_tokens += len(positions)
+        if looped is not None:
+            if not output.finished:
+                self._engine.abort_request([output.request_id])
+            del self._running[output.request_id]
+            completion.finish_reason = "loop"
+            request.future.set_result(completion)
+            return
         if not output.finished:
             return
         del self._running[output.request_id]
@@ -254,6 +269,20 @@ class VllmEngine:
         if isinstance(sample.stop_reason, str):
             completion.stop_text = sample.stop_reason
         request.future.set_result(completion)
+
+    def _loop_end(self, request: _Request, output: Any, new: list[int]) -> int | None:
+        """The completion's length where its tail first loops among this step's tokens,
+        for a request that asks for loop stops; None when it does not loop, or when vLLM
+        stopped it there for its own reason (EOS, a stop string), which comes first as in
+        the built-in engine."""
+        if not request.params.stop_loops:
+            return None
+        done = request.completion.token_ids
+        end = loop_end([*done, *new], len(done))
+        stopped_there = output.finished and output.outputs[0].finish_reason == "stop"
+        if end is None or (stopped_there and end == len(done) + len(new)):
+            return None
+        return end
 
 
 def _vllm_params(

@@ -117,6 +117,8 @@ async def _rollout(
             trajectory.status = Status.ERROR
             trajectory.error = describe(error)
         _record(trajectory, episode_client, episode, time.perf_counter() - started)
+        if episode_client.loop_stops:
+            trajectory.info["loop_stops"] = episode_client.loop_stops
         if level is not None:
             trajectory.info.update(reasoning_level=level.name, budget=level.budget)
         if variant is not None:

@@ -132,7 +132,9 @@ async def _generate(
         *(
             engine.generate(
                 _prompt(rng, calibration.prompt_tokens, vocab),
-                SamplingParams(max_tokens=tokens, temperature=1.0, top_p=1.0, seed=row),
+                SamplingParams(
+                    max_tokens=tokens, temperature=1.0, top_p=1.0, stop_loops=False, seed=row
+                ),
                 stamps.listener(row),
             )
             for row in range(rows)

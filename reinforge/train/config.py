@@ -53,9 +53,10 @@ class TrainerConfig(Section):
     lora: LoRAConfig | None = None
     """Train LoRA adapters instead of every weight; None: full fine-tuning."""
     truncated: Literal["keep", "mask", "penalize"] = "keep"
-    """A completion cut off by a token or turn limit: keep (train on it with its reward),
-    mask (it still counts in its group's baseline but is left out of the loss, DAPO's
-    overlong filtering) or penalize (its reward becomes `truncation_penalty`)."""
+    """A completion cut off by a token or turn limit, or stopped in a loop
+    (`rollout.sampling.stop_loops`): keep (train on it with its reward), mask (it still
+    counts in its group's baseline but is left out of the loss, DAPO's overlong filtering)
+    or penalize (its reward becomes `truncation_penalty`)."""
     truncation_penalty: float = 0.0
     """The reward of a truncated completion when `truncated = "penalize"`."""
     world_size: int = Field(1, ge=1)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from reinforge.envs.config import EnvConfig
 from reinforge.envs.episode import Episode
-from reinforge.envs.loops import loops, repeated_ngram_share, tail_loop
+from reinforge.envs.loops import loops, repeated_ngram_share
 from reinforge.envs.registry import load_configured
 from reinforge.policy.client import PolicyClient
 from reinforge.policy.config import SamplingConfig
+from reinforge.policy.repetition import loop_end, tail_loop
 from reinforge.rollout.config import RolloutConfig
 from reinforge.rollout.generator import generate_groups
 from reinforge.rollout.summary import summarize
@@ -44,6 +45,16 @@ def test_short_or_few_repeats_are_not_loops():
     assert tail_loop(PROSE) is None
     assert not loops(PROSE)
     assert repeated_ngram_share(PROSE) == 0.0  # its 33 8-word windows are all distinct
+
+
+def test_an_engine_stops_at_the_first_token_whose_tail_loops():
+    # [7, 8] x 16 is the first prefix of [7, 8] x 20 that loops: period 2, 16 copies, span
+    # 32; at 31 tokens no unit's copies can cover 32.
+    assert tail_loop([7, 8] * 16) == (2, 16) and tail_loop(([7, 8] * 16)[:-1]) is None
+    assert loop_end([7, 8] * 20, checked=0) == 32  # a step that added all 40 tokens
+    assert loop_end([7, 8] * 20, checked=39) == 40  # a step that added the last one
+    assert loop_end(PROSE, checked=0) is None
+    assert loop_end(SENTENCE * 4, checked=0) == 68  # the fourth copy's last word
 
 
 def test_a_paragraph_said_three_times_loops_even_if_the_model_then_answers():
@@ -106,6 +117,32 @@ async def test_greedy_tiny_random_loops_and_sampled_does_not(tiny_engine):
     # greedy: every rollout loops and is truncated by it; sampled: none loops (and a rollout
     # truncated without a loop, if any, counts 0 in the truncation rate)
     assert rates == {0.0: (1.0, 1.0, 1.0), 1.0: (0.0, 0.0, 0.0)}
+
+
+async def test_a_loop_the_engine_stops_ends_truncated_and_counts(tiny_engine):
+    """`stop_loops` on the same greedy rollouts: each turn ends at its first looping token,
+    a prefix of the turn sampled without it; the episode is truncated, loops by the rule
+    (so the penalty applies) and says it was stopped."""
+    env = load_configured(
+        EnvConfig(name="arithmetic", loop_penalty=0.5, max_tokens_per_turn=64, args={})
+    )
+    runs = {}
+    for stop_loops in (False, True):
+        sampling = SamplingConfig(temperature=0.0, stop_loops=stop_loops)
+        client = PolicyClient.for_engine(tiny_engine, sampling)
+        runs[stop_loops] = await generate_groups(env, env.tasks(2), client, RolloutConfig(), 2, 0)
+    summary = summarize(runs[True], 1.0)
+    rates = (summary.loop_rate, summary.loop_truncation_rate, summary.rewards["looping"])
+    assert rates == (1.0, 1.0, 1.0)
+    for unstopped, stopped in zip(_rollouts(runs[False]), _rollouts(runs[True]), strict=True):
+        (whole,), (turn,) = unstopped.sampled_turns, stopped.sampled_turns
+        assert unstopped.status == stopped.status == Status.TRUNCATED
+        assert len(turn) < len(whole) == 64 and whole[: len(turn)] == turn
+        assert stopped.info["loop_stops"] == 1 and "loop_stops" not in unstopped.info
+
+
+def _rollouts(groups: list[Group]) -> list[Trajectory]:
+    return [t for group in groups for t in group.trajectories]
 
 
 def _episode(text: str, sampled: list[list[int]]) -> Episode:
