@@ -40,6 +40,7 @@ class _EpisodeScript(ScriptedClient):
     """A ScriptedClient with the bookkeeping the rollout generator reads from its client."""
 
     generate_s = 0.0
+    loop_stops = 0
 
     @property
     def turns(self) -> list[Any]:
