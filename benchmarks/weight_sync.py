@@ -1,12 +1,16 @@
-"""What a weight sync costs: the engine in this process vs `reinforge serve` beside it.
+"""What a weight sync costs: the engine in this process vs `reinforge serve` processes
+beside it, one and several.
 
 - in-process, shared fp32: the optimizer step is the sync (only a version bump: ~0 s);
 - in-process, bf16 engine: the trainer's fp32 weights copied into the engine's own copy;
-- `reinforge serve`: the trainer writes a safetensors file (under /dev/shm where there is
-  one) and `POST /v1/weights` has the server load and apply it (what `loop.engine_url`
-  does after every step).
+- `reinforge serve` x N: the trainer writes one safetensors file (under /dev/shm where
+  there is one) and every engine loads it at once through `POST /v1/weights` (what
+  `rollout.engines = N` does after every step; one engine is what `loop.engine_url` does).
 
-    python benchmarks/weight_sync.py [--model smollm2-135m] [--rounds 5] [--json out.json]
+Rounds are interleaved, so that noise from other work hits every kind alike.
+
+    python benchmarks/weight_sync.py [--model smollm2-135m] [--rounds 5] [--engines 1 2]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -14,14 +18,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import statistics
-import subprocess
-import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import httpx
 from transformers import PreTrainedModel
 
 from reinforge.config import Config, load_config
@@ -31,89 +34,96 @@ from reinforge.policy.engine import Engine
 from reinforge.policy.models import load_model
 from reinforge.train.trainable import full_weights
 
-TOKEN = "benchmark"
 
+@dataclass
+class Kind:
+    """One way to sync, measured over the rounds."""
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    engines: int
+    seconds: list[float] = field(default_factory=list)
+    write_s: list[float] = field(default_factory=list)
+    bytes: int = 0
+    """Per round: the weights' size once per engine that loaded them."""
 
-
-def start_server(model: str, port: int) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "reinforge", "serve", "--model", model, "--port", str(port),
-            f"server.weights_token={TOKEN}"]  # fmt: skip
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    for _ in range(1200):
-        if process.poll() is not None:
-            raise SystemExit(f"server exited: {process.stderr.read().decode()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            time.sleep(0.25)
-    raise SystemExit("server did not start")
+    def summary(self) -> dict[str, Any]:
+        median = statistics.median(self.seconds)
+        return {
+            "engines": self.engines,
+            "seconds": self.seconds,
+            "median_s": median,
+            "write_s": self.write_s,
+            "bytes": self.bytes,
+            "effective_gib_per_s": self.bytes / median / 2**30,
+        }
 
 
 async def measure(
-    config: Config, trainer_model: PreTrainedModel, engine: Engine, rounds: int
-) -> dict[str, list[float]]:
-    times: dict[str, list[float]] = {"in_process_bf16_copy": [], "serve_file_handoff": []}
-    remote = await RemoteEngine.connect(config, trainer_model, 0)
+    model_name: str, trainer_model: PreTrainedModel, rounds: int, counts: list[int], runs: Path
+) -> dict[str, Kind]:
+    sampler, tokenizer = load_model(model_name, "bfloat16")
+    copy = Engine(sampler, tokenizer, model_name, EngineConfig(dtype="bfloat16"))
+    kinds = {"in_process_bf16_copy": Kind(engines=1)}
+    remotes: dict[str, RemoteEngine] = {}
     try:
-        for version in range(1, rounds + 1):  # interleaved, so noise hits both alike
+        for count in counts:
+            config: Config = load_config(
+                Config,
+                None,
+                [
+                    f"model.name={model_name}",
+                    f"rollout.engines={count}",
+                    f"run.dir={runs}",
+                    f"run.name=engines-{count}",
+                ],  # fmt: skip
+            )
+            name = f"serve_x{count}_file_handoff"
+            remotes[name] = await RemoteEngine.start(config, trainer_model, 0)
+            kinds[name] = Kind(engines=count)
+        for version in range(1, rounds + 1):
             started = time.perf_counter()
             with full_weights(trainer_model) as weights:
-                engine.update_weights(weights)
-            times["in_process_bf16_copy"].append(time.perf_counter() - started)
-            started = time.perf_counter()
-            remote.push(trainer_model, version)
-            times["serve_file_handoff"].append(time.perf_counter() - started)
+                copy.update_weights(weights)
+                moved = sum(t.numel() * t.element_size() for t in weights.values())
+            kinds["in_process_bf16_copy"].seconds.append(time.perf_counter() - started)
+            kinds["in_process_bf16_copy"].write_s.append(0.0)
+            kinds["in_process_bf16_copy"].bytes = moved
+            for name, remote in remotes.items():
+                started = time.perf_counter()
+                moved, write_s = remote.push(trainer_model, version)
+                kinds[name].seconds.append(time.perf_counter() - started)
+                kinds[name].write_s.append(write_s)
+                kinds[name].bytes = moved
     finally:
-        await remote.aclose()
-    return times
+        copy.close()
+        for remote in remotes.values():
+            await remote.aclose()
+    return kinds
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--engines", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
-    trainer_model, tokenizer = load_model(args.model, "float32")
-    sampler, _ = load_model(args.model, "bfloat16")
-    engine = Engine(sampler, tokenizer, args.model, EngineConfig(dtype="bfloat16"))
-    port = free_port()
-    server = start_server(args.model, port)
-    url = f"http://127.0.0.1:{port}/v1"
-    config: Config = load_config(
-        Config,
-        None,
-        [
-            f"model.name={args.model}",
-            f"loop.engine_url={url}",
-            f"loop.engine_token={TOKEN}",
-            "loop.mode=async",
-        ],  # fmt: skip
-    )
-    try:
-        times = asyncio.run(measure(config, trainer_model, engine, args.rounds))
-    finally:
-        engine.close()
-        server.terminate()
-        server.wait(timeout=30)
+    trainer_model, _ = load_model(args.model, "float32")
+    with tempfile.TemporaryDirectory() as runs:  # the engines' logs
+        kinds = asyncio.run(
+            measure(args.model, trainer_model, args.rounds, args.engines, Path(runs))
+        )
+    summary = {name: kind.summary() for name, kind in kinds.items()}
     parameters = sum(p.numel() for p in trainer_model.parameters())
-    summary = {
-        name: {"seconds": values, "median_s": statistics.median(values)}
-        for name, values in times.items()
-    }
-    summary["parameters"] = parameters  # type: ignore[assignment]
-    for name, values in times.items():
-        print(f"{name:22s} median {statistics.median(values):.3f} s  ({len(values)} rounds)")
+    for name, row in summary.items():
+        write_s = statistics.median(row["write_s"])
+        print(
+            f"{name:26s} median {row['median_s']:.3f} s, writing {write_s:.3f} s; "
+            f"{row['bytes'] / 2**20:.0f} MiB loaded, {row['effective_gib_per_s']:.2f} GiB/s"
+        )
     print(f"{parameters / 1e6:.0f}M parameters, fp32 file {parameters * 4 / 2**20:.0f} MiB")
     if args.json:
-        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+        args.json.write_text(json.dumps({**summary, "parameters": parameters}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

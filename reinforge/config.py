@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from reinforge.envs.config import EnvConfig
 from reinforge.errors import ConfigError, UsageError, first_problem
@@ -45,6 +45,15 @@ class Config(Section):
     @property
     def run_dir(self) -> Path:
         return self.run.dir / self.run.name
+
+    @model_validator(mode="after")
+    def _one_source_of_engines(self) -> Self:
+        if self.rollout.engines > 1 and self.loop.engine_url is not None:
+            raise ValueError(
+                "loop.engine_url names one running engine and rollout.engines > 1 starts the "
+                "run's own: set one or the other"
+            )
+        return self
 
 
 class EvalSection(Section):

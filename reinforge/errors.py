@@ -16,10 +16,11 @@ class UsageError(Exception):
 
 
 class ConfigError(UsageError):
-    """A config value was rejected: `key` is its dotted path, `problem` says why."""
+    """A config value was rejected: `key` is its dotted path ("" for a rule between
+    sections), `problem` says why."""
 
     def __init__(self, key: str, problem: str) -> None:
-        super().__init__(f"config {key}: {problem}")
+        super().__init__(f"config {key}: {problem}" if key else f"config: {problem}")
         self.key = key
         self.problem = problem
 

@@ -167,6 +167,8 @@ def _metrics(step: int, groups: list[Group], config: Config) -> StepMetrics:
         dropped_stale=0,
         time=time_split,
         rollout_tokens_per_s=120.0,
+        synced=None,
+        traffic=[],
     )
 
 

@@ -111,6 +111,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 dropped_stale=0,
                 time=time_split,
                 rollout_tokens_per_s=100.0,
+                synced=None,
+                traffic=[],
             )
             metrics.write(row.model_dump_json() + "\n")
             with (directory / "trajectories" / f"step_{step:05d}.jsonl").open("w") as out:

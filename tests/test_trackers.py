@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from reinforge.orchestrate.metrics import EngineLoad
 from reinforge.orchestrate.trackers import numbers
 from reinforge.rollout.summary import summarize
+from reinforge.types import Record
 
 from .commands import tiny_train
 
@@ -26,6 +28,16 @@ def test_numbers_are_the_records_by_path_without_text():
     flat = numbers(summary)
     assert flat["rewards/correct"] == 0.5 and flat["reward_mean"] == 0.0
     assert "first_error" not in flat and all(isinstance(v, float) for v in flat.values())
+
+
+class Engines(Record):
+    engines: list[EngineLoad]
+
+
+def test_numbers_of_a_list_are_by_index():
+    load = EngineLoad(requests=3, sampled_tokens=24, tokens_per_s=12.0, in_flight=1)
+    flat = numbers(Engines(engines=[load, load.model_copy(update={"requests": 5})]))
+    assert flat["engines/0/requests"] == 3.0 and flat["engines/1/requests"] == 5.0
 
 
 def test_a_run_logs_every_step_to_wandb_mlflow_and_trackio(tmp_path, monkeypatch):

@@ -41,6 +41,8 @@ def _row(step: int, reward: float) -> StepMetrics:
         dropped_stale=0,
         time=time_split,
         rollout_tokens_per_s=50.0,
+        synced=None,
+        traffic=[],
     )
 
 

@@ -1,10 +1,11 @@
 """Where the loop's policy samples, and how the trainer's new weights reach it: an engine
-in this process (the default), or `reinforge serve` running as its own process on this
-machine (`loop.engine_url`), which takes weights as a file through `POST /v1/weights`.
+in this process (the default), or `reinforge serve` processes on this machine (the one at
+`loop.engine_url`, or the `rollout.engines` the run starts), which take weights as a file
+through `POST /v1/weights`.
 
-Either way the rollout side talks to the engine through the same server API, and the
-loop asks only for the client, the current policy version, and a training step that ends
-with the weights synced.
+Either way the rollout side talks to the engines through the same server API, and the
+loop asks only for the router over their clients, the current policy version, and a
+training step that ends with the weights synced to every engine.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,25 +25,41 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from reinforge.config import Config
 from reinforge.errors import UsageError
+from reinforge.orchestrate.engine_processes import EngineProcesses
 from reinforge.policy.backends import SamplingEngine, load_engine
 from reinforge.policy.client import PolicyClient
 from reinforge.policy.engine import Engine
+from reinforge.policy.router import Router
 from reinforge.train.batching import TrainBatch
 from reinforge.train.trainable import full_weights
 from reinforge.train.trainer import Trainer, TrainStats
 
 
+@dataclass(frozen=True)
+class Synced:
+    """What one weight sync did."""
+
+    seconds: float
+    engines: int
+    bytes: int
+    """The weights' size once per engine that took them; 0 when the engine shares the
+    trainer's weights (the optimizer step is the sync)."""
+    write_s: float = 0.0
+    """The trainer writing the weights once for every engine (the file handoff); the
+    rest of `seconds` is the engines loading them, at once."""
+
+
 class PolicyEngine(Protocol):
-    client: PolicyClient
+    router: Router
 
     @property
     def version(self) -> int:
         """The policy version of the weights the trainer trains now."""
         ...
 
-    def train_step(self, trainer: Trainer, batch: TrainBatch) -> tuple[TrainStats, float]:
+    def train_step(self, trainer: Trainer, batch: TrainBatch) -> tuple[TrainStats, Synced]:
         """One optimizer step, then the weight sync; returns the trainer's metrics and the
-        sync's seconds. Runs in a worker thread while the rollout side goes on."""
+        sync's. Runs in a worker thread while the rollout side goes on."""
         ...
 
     async def aclose(self) -> None: ...
@@ -68,14 +87,14 @@ class LocalEngine:
             with full_weights(model) as weights:  # a checkpoint's or adapter-merged weights
                 self.engine.update_weights(weights, version)
         self.pause_while_training = config.loop.mode == "partial"
-        self.client = PolicyClient.for_engine(self.engine, config.rollout.sampling)
+        self.router = Router([PolicyClient.for_engine(self.engine, config.rollout.sampling)])
 
     @property
     def version(self) -> int:
         return self.engine.version
 
-    def train_step(self, trainer: Trainer, batch: TrainBatch) -> tuple[TrainStats, float]:
-        synced = self.engine.stats.sync_s
+    def train_step(self, trainer: Trainer, batch: TrainBatch) -> tuple[TrainStats, Synced]:
+        synced_s, moved = self.engine.stats.sync_s, 0
         with self.engine.paused() if self.pause_while_training else nullcontext():
             if self.shared:
                 trained = trainer.step(batch, update=self._shared.weight_update())
@@ -83,44 +102,59 @@ class LocalEngine:
                 trained = trainer.step(batch)
                 with full_weights(trainer.model) as weights:
                     self.engine.update_weights(weights)
-        return trained, self.engine.stats.sync_s - synced
+                    moved = sum(t.numel() * t.element_size() for t in weights.values())
+        return trained, Synced(self.engine.stats.sync_s - synced_s, engines=1, bytes=moved)
 
     async def aclose(self) -> None:
-        await self.client.close()
+        await self.router.aclose()
         self.engine.close()
 
 
 class RemoteEngine:
-    """`reinforge serve` on this machine, started with `server.weights_token`. Weights
-    travel as a safetensors file (under /dev/shm, in memory, where there is one); the
-    server applies them between two decode steps and its requests in flight go on."""
+    """`reinforge serve` processes on this machine, started with a weights token. Weights
+    travel as one safetensors file (under /dev/shm, in memory, where there is one) that
+    every engine loads at once; each applies them between two decode steps, and its
+    requests in flight go on."""
 
     def __init__(
-        self, client: PolicyClient, url: str, token: str | None, pause_lease_s: float | None
+        self,
+        router: Router,
+        urls: list[str],
+        token: str | None,
+        pause_lease_s: float | None,
+        processes: EngineProcesses | None = None,
     ) -> None:
-        self.client = client
-        self.url = url
+        self.router = router
+        self.urls = urls
         self.pause_lease_s = pause_lease_s
         """Partial mode: decoding is held for the training step, for at most this long."""
-        self._http = httpx.Client(
-            base_url=url.rstrip("/"),
-            headers={"Authorization": f"Bearer {token or ''}"},
-            timeout=600.0,
-        )
+        self.processes = processes
+        """The run's own engines, stopped with it; None: an engine the user started."""
+        headers = {"Authorization": f"Bearer {token or ''}"}
+        self._http = [
+            httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=600.0) for url in urls
+        ]
+        self._pool = ThreadPoolExecutor(len(urls), thread_name_prefix="reinforge-sync")
         memory = Path("/dev/shm")
         where = memory if memory.is_dir() else None
         self._dir = Path(tempfile.mkdtemp(prefix="reinforge-weights-", dir=where))
         self._version = 0
 
     @classmethod
-    async def connect(cls, config: Config, model: PreTrainedModel, version: int) -> RemoteEngine:
-        """Connect, and hand the server the trainer's weights as `version`: it may have
+    async def connect(
+        cls,
+        config: Config,
+        model: PreTrainedModel,
+        version: int,
+        urls: list[str],
+        token: str | None,
+        processes: EngineProcesses | None = None,
+    ) -> RemoteEngine:
+        """Connect, and hand every engine the trainer's weights as `version`: they may have
         started from another model or served another run."""
-        url = config.loop.engine_url
-        assert url is not None
-        client = await PolicyClient.for_url(url, config.rollout.sampling)
+        clients = [await PolicyClient.for_url(url, config.rollout.sampling) for url in urls]
         lease = config.loop.pause_lease_s if config.loop.mode == "partial" else None
-        engine = cls(client, url, config.loop.engine_token, lease)
+        engine = cls(Router(clients), urls, token, lease, processes)
         try:
             engine.push(model, version)
         except BaseException:  # a refused first push must not leave its folder behind
@@ -128,55 +162,91 @@ class RemoteEngine:
             raise
         return engine
 
+    @classmethod
+    async def start(cls, config: Config, model: PreTrainedModel, version: int) -> RemoteEngine:
+        """Start the run's own `rollout.engines` engines and connect to them; they stop
+        when it closes."""
+        processes = await EngineProcesses.start(config)
+        try:
+            urls, token = processes.urls, processes.token
+            return await cls.connect(config, model, version, urls, token, processes)
+        except BaseException:
+            processes.stop()
+            raise
+
     @property
     def version(self) -> int:
         return self._version
 
-    def train_step(self, trainer: Trainer, batch: TrainBatch) -> tuple[TrainStats, float]:
-        if self.pause_lease_s is not None:
-            self._post("/pause", {"lease_s": self.pause_lease_s}, "pause decoding")
+    def train_step(self, trainer: Trainer, batch: TrainBatch) -> tuple[TrainStats, Synced]:
         try:
+            if self.pause_lease_s is not None:
+                self._post_all("/pause", {"lease_s": self.pause_lease_s}, "pause decoding")
             trained = trainer.step(batch)
             started = time.perf_counter()
-            self.push(trainer.model, self._version + 1)
-            return trained, time.perf_counter() - started
+            moved, write_s = self.push(trainer.model, self._version + 1)
+            seconds = time.perf_counter() - started
+            return trained, Synced(seconds, len(self.urls), moved, write_s)
         finally:
             if self.pause_lease_s is not None:
-                self._post("/resume", {}, "resume decoding")
+                self._post_all("/resume", {}, "resume decoding")
 
-    def push(self, model: PreTrainedModel, version: int) -> None:
+    def push(self, model: PreTrainedModel, version: int) -> tuple[int, float]:
+        """Every engine takes the weights as `version`; returns the bytes they loaded, and
+        the seconds writing them took."""
         path = self._dir / "weights.safetensors"
+        started = time.perf_counter()
         with full_weights(model) as weights:
             tensors = {name: t.detach().contiguous() for name, t in weights.items()}
             save_file(tensors, path)
+        write_s = time.perf_counter() - started
         try:
-            answer = self._post(
-                "/weights", {"path": str(path), "version": version}, "take the weights"
-            )
+            size = path.stat().st_size
+            body = {"path": str(path), "version": version}
+            answers = self._post_all("/weights", body, "take the weights")
         finally:
             path.unlink(missing_ok=True)
-        self._version = answer["policy_version"]
+        served = {answer["policy_version"] for answer in answers}
+        if served != {version}:
+            raise UsageError(f"engines serve versions {sorted(served)} after a push of {version}")
+        self._version = version
+        return size * len(self.urls), write_s
 
-    def _post(self, route: str, body: dict[str, Any], what: str) -> dict[str, Any]:
-        try:
-            response = self._http.post(route, json=body)
-        except httpx.HTTPError as error:
-            raise UsageError(f"the engine at {self.url} did not {what}: {error}") from error
-        if response.status_code != 200:
-            message = response.json().get("error", {}).get("message", response.text)
-            raise UsageError(f"the engine at {self.url} refused to {what}: {message}")
-        return response.json()
+    def _post_all(self, route: str, body: dict[str, Any], what: str) -> list[dict[str, Any]]:
+        """`route` on every engine at once; their answers in order, or the first refusal."""
+        return list(self._pool.map(lambda http: _post(http, route, body, what), self._http))
 
     async def aclose(self) -> None:
-        await self.client.close()
-        self._http.close()
+        await self.router.aclose()
+        for http in self._http:
+            http.close()
+        self._pool.shutdown()
         shutil.rmtree(self._dir, ignore_errors=True)
+        if self.processes is not None:
+            self.processes.stop()
+
+
+def _post(http: httpx.Client, route: str, body: dict[str, Any], what: str) -> dict[str, Any]:
+    url = str(http.base_url).rstrip("/")
+    try:
+        response = http.post(route, json=body)
+    except httpx.HTTPError as error:
+        raise UsageError(f"the engine at {url} did not {what}: {error}") from error
+    if response.status_code != 200:
+        message = response.json().get("error", {}).get("message", response.text)
+        raise UsageError(f"the engine at {url} refused to {what}: {message}")
+    return response.json()
 
 
 async def open_engine(
     config: Config, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, version: int
 ) -> PolicyEngine:
-    """The engine `config.loop` names, sampling the trainer's weights as `version`."""
-    if config.loop.engine_url is None:
-        return LocalEngine(config, model, tokenizer, version)
-    return await RemoteEngine.connect(config, model, version)
+    """The engines `config` names, sampling the trainer's weights as `version`: the
+    `rollout.engines` processes the run starts, else the server at `loop.engine_url`, else
+    one in this process."""
+    if config.rollout.engines > 1:
+        return await RemoteEngine.start(config, model, version)
+    if config.loop.engine_url is not None:
+        urls, token = [config.loop.engine_url], config.loop.engine_token
+        return await RemoteEngine.connect(config, model, version, urls, token)
+    return LocalEngine(config, model, tokenizer, version)

@@ -14,9 +14,11 @@ engine decodes while the trainer trains:
 | partial | (max_staleness + 1) steps'  | paused; in-flight rollouts resume on the    |
 |         |                             | new weights (carried over)                  |
 
-The engine runs in this process or as `reinforge serve` beside it (`orchestrate/engines.py`);
-either way a weight sync applies between two decode steps, and every sampled token records
-the version that produced it. Recording (metrics, trajectories, checkpoints) lives in `RunRecorder`.
+The engine runs in this process, or as `reinforge serve` processes beside it, one or
+`rollout.engines` of them with each episode routed to one (`orchestrate/engines.py`);
+either way a weight sync reaches every engine between two of its decode steps, and every
+sampled token records the version that produced it. Recording (metrics, trajectories,
+checkpoints) lives in `RunRecorder`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 from transformers import PreTrainedModel
@@ -76,16 +79,22 @@ async def train(
                 f"(raise run.steps to train on)"
             )
         position = state.get("loop", RolloutSide.start_position(start_step))
-    teachers = await Teachers.open(config, tokenizer, env.name)
-    engine = await open_engine(config, model, tokenizer, version)
-    bound = config.loop.max_staleness if config.loop.mode != "sync" else 0
-    per_step = config.rollout.tasks_per_step
-    rollouts = RolloutSide(
-        env, engine.client, config.rollout, config.run.seed, (bound + 1) * per_step, position
-    )
-    producer = asyncio.create_task(rollouts.run())
-    recorder = RunRecorder(config, tokenizer, start_step)
-    try:
+    async with AsyncExitStack() as closing:  # whatever happens, in reverse order
+        closing.push_async_callback(env.aclose)
+        teachers = await Teachers.open(config, tokenizer, env.name)
+        closing.push_async_callback(teachers.aclose)
+        # before the engines start: a directory holding another run is refused at once
+        recorder = closing.enter_context(RunRecorder(config, tokenizer, start_step))
+        engine = await open_engine(config, model, tokenizer, version)
+        closing.push_async_callback(engine.aclose)
+        bound = config.loop.max_staleness if config.loop.mode != "sync" else 0
+        per_step = config.rollout.tasks_per_step
+        rollouts = RolloutSide(
+            env, engine.router, config.rollout, config.run.seed, (bound + 1) * per_step, position
+        )
+        closing.push_async_callback(rollouts.aclose)
+        producer = asyncio.create_task(rollouts.run())
+        closing.push_async_callback(_stop, producer)
         last_step_end = time.perf_counter()
         for step in range(start_step, config.run.steps):
             # 1. rollout: the first groups to finish, none staler than the bound
@@ -101,14 +110,15 @@ async def train(
             # 3. advantages within each group, per token where a teacher scored it
             selection = select_for_training(groups, config.trainer, config.distill)
             trained_version = engine.version
-            # 4-6. loss, optimizer step, weight sync (nothing to learn if every group was
-            # uniform); in a thread, so the rollout side keeps running
+            # 4-6. loss, optimizer step, weight sync to every engine (nothing to learn if
+            # every group was uniform); in a thread, so the rollout side keeps running
             started = time.perf_counter()
-            trained, sync_s = None, 0.0
+            trained, synced = None, None
             if selection.trajectories:
-                trained, sync_s = await asyncio.to_thread(
+                trained, synced = await asyncio.to_thread(
                     engine.train_step, trainer, selection.batch()
                 )
+            sync_s = 0.0 if synced is None else synced.seconds
             train_s = time.perf_counter() - started - sync_s
             await rollouts.release(per_step)
             now = time.perf_counter()
@@ -132,20 +142,19 @@ async def train(
                     total_s=total_s,
                 ),
                 rollout_tokens_per_s=sampled / busy_s if busy_s > 0 else 0.0,
+                synced=synced,
+                traffic=engine.router.take_traffic(),
                 teacher_s=teacher_s if config.distill else None,
             )
             state = {"policy_version": engine.version, "loop": rollouts.position()}
             recorder.record(step + 1, metrics, trainer, state, groups)
             on_step(metrics)
-    finally:
-        producer.cancel()
-        await asyncio.gather(producer, return_exceptions=True)
-        await rollouts.aclose()
-        await engine.aclose()
-        await teachers.aclose()
-        await env.aclose()
-        recorder.close()
     return recorder.directory
+
+
+async def _stop(producer: asyncio.Task[None]) -> None:
+    producer.cancel()
+    await asyncio.gather(producer, return_exceptions=True)
 
 
 async def _collect(

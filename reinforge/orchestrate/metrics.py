@@ -2,11 +2,14 @@
 
 An RL step's line starts with the `RolloutSummary` of its groups, the numbers `reinforge
 eval` reports under the same names, then what the trainer did with them (`train`, null
-when every group was uniform), the policy versions and staleness, and where the time went.
+when every group was uniform), the policy versions and staleness, where the time went,
+what the weight sync moved, and each engine's load.
 """
 
 from __future__ import annotations
 
+from reinforge.orchestrate.engines import Synced
+from reinforge.policy.client import Traffic
 from reinforge.rollout.summary import RolloutSummary
 from reinforge.train.trainer import Selection, TrainStats
 from reinforge.types import Record
@@ -22,7 +25,7 @@ class StepTime(Record):
     train_s: float
     """Forward, backward and optimizer step."""
     sync_s: float
-    """Getting the new weights to the engine."""
+    """Getting the new weights to every engine."""
     rollout_idle_s: float
     """The rollout side with nothing to sample (at its staleness bound, or paused)."""
     total_s: float
@@ -34,6 +37,33 @@ class TokenRates(Record):
     """Sampled tokens per second of the rollout side's busy time."""
     train: float
     """Trained tokens per second of `train_s`."""
+
+
+class SyncStats(Record):
+    """The step's weight sync, beside its seconds (`time.sync_s`)."""
+
+    engines: int
+    """Engines that took the new weights."""
+    bytes: int
+    """The weights' size once per engine that loaded them; 0 when the engine shares the
+    trainer's weights (the optimizer step is the sync)."""
+    bytes_per_s: float
+    """`bytes` over `time.sync_s`: the effective bandwidth."""
+    write_s: float
+    """The trainer writing the weights once for every engine (the file handoff); the rest
+    of `time.sync_s` is the engines loading them, at once."""
+
+
+class EngineLoad(Record):
+    """One engine's share of the step's sampling, as its router saw it."""
+
+    requests: int
+    """Requests it answered during the step."""
+    sampled_tokens: int
+    tokens_per_s: float
+    """`sampled_tokens` over the step's `time.total_s`."""
+    in_flight: int
+    """Requests it held when the step ended: its queue depth."""
 
 
 class DistillStats(Record):
@@ -73,6 +103,10 @@ class StepMetrics(RolloutSummary):
     """Trained rollouts sampled under two or more policy versions (partial mode)."""
     time: StepTime
     tokens_per_s: TokenRates
+    sync: SyncStats | None
+    """None when nothing trained (nothing to sync)."""
+    engines: list[EngineLoad]
+    """In engine order (the `engine-<i>.log` of the run's own engines)."""
     distill: DistillStats | None = None
     """None when the run does not distil (`distill` unset)."""
 
@@ -99,11 +133,15 @@ def step_metrics(
     dropped_stale: int,
     time: StepTime,
     rollout_tokens_per_s: float,
+    synced: Synced | None,
+    traffic: list[Traffic],
     teacher_s: float | None = None,
 ) -> StepMetrics:
     """`summary` is `summarize` of the step's groups; staleness is the trainer's version
     when it trained (`trained_version`) minus the version that sampled each trained token.
-    `teacher_s`: the teachers' scoring time, when the run distils."""
+    `synced`: the weight sync, None when nothing trained; `traffic`: each engine's requests
+    and tokens during the step. `teacher_s`: the teachers' scoring time, when the run
+    distils."""
     staleness = [trained_version - v for t in selection.trajectories for v in t.policy_versions]
     samples = len(selection.trajectories)
     trained_tokens = trained.trained_tokens if trained is not None else 0.0
@@ -125,7 +163,26 @@ def step_metrics(
             rollout=rollout_tokens_per_s,
             train=trained_tokens / time.train_s if time.train_s > 0 else 0.0,
         ),
+        sync=None if synced is None else _sync_stats(synced),
+        engines=[
+            EngineLoad(
+                requests=t.requests,
+                sampled_tokens=t.sampled_tokens,
+                tokens_per_s=t.sampled_tokens / time.total_s if time.total_s > 0 else 0.0,
+                in_flight=t.in_flight,
+            )
+            for t in traffic
+        ],
         distill=None if teacher_s is None else _distill_stats(selection, teacher_s),
+    )
+
+
+def _sync_stats(synced: Synced) -> SyncStats:
+    return SyncStats(
+        engines=synced.engines,
+        bytes=synced.bytes,
+        bytes_per_s=synced.bytes / synced.seconds if synced.seconds > 0 else 0.0,
+        write_s=synced.write_s,
     )
 
 

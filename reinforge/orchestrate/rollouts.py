@@ -16,7 +16,7 @@ from typing import Any
 
 from reinforge.envs.environment import Environment
 from reinforge.envs.registry import draw_tasks
-from reinforge.policy.client import PolicyClient
+from reinforge.policy.client import EpisodeSource
 from reinforge.rollout.config import TrainRolloutConfig
 from reinforge.rollout.generator import generate_group
 from reinforge.types import Group, Task
@@ -51,7 +51,7 @@ class RolloutSide:
     def __init__(
         self,
         env: Environment,
-        client: PolicyClient,
+        client: EpisodeSource,
         config: TrainRolloutConfig,
         run_seed: int,
         capacity: int,

@@ -25,13 +25,15 @@ class Tracker(Protocol):
 
 
 def numbers(record: Record) -> dict[str, float]:
-    """The record's numbers by path (`train/loss`, `time/train_s`, `rewards/correct`), the
-    grouping trackers draw panels by; text and nulls are left out."""
+    """The record's numbers by path (`train/loss`, `time/train_s`, `rewards/correct`,
+    `engines/0/requests`), the grouping trackers draw panels by; text and nulls are left
+    out."""
     flat: dict[str, float] = {}
 
     def walk(value: Any, path: str) -> None:
-        if isinstance(value, dict):
-            for key, inner in value.items():
+        if isinstance(value, dict | list):
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, inner in items:
                 walk(inner, f"{path}/{key}" if path else str(key))
         elif isinstance(value, int | float) and not isinstance(value, bool):
             flat[path] = float(value)

@@ -10,6 +10,7 @@ policy sampled.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -76,6 +77,24 @@ class ChatClient(Protocol):
         ...
 
 
+@dataclass
+class Traffic:
+    """The requests a client has sent its engine: what a `Router` balances by
+    (`in_flight`) and a run's metrics report."""
+
+    in_flight: int = 0
+    requests: int = 0
+    """Answered."""
+    sampled_tokens: int = 0
+    """In the answers."""
+
+
+class EpisodeSource(Protocol):
+    """What rollouts sample from: one engine's `PolicyClient`, or a `Router` over several."""
+
+    def episode(self, max_total_tokens: int | None, seed: int | None) -> EpisodeClient: ...
+
+
 class PolicyClient:
     def __init__(
         self, openai_client: openai.AsyncOpenAI, model: str, sampling: SamplingConfig
@@ -83,6 +102,7 @@ class PolicyClient:
         self.openai = openai_client
         self.model = model
         self.sampling = sampling
+        self.traffic = Traffic()
 
     @classmethod
     def for_engine(cls, engine: Any, sampling: SamplingConfig) -> PolicyClient:
@@ -132,7 +152,7 @@ class PolicyClient:
     def episode(self, max_total_tokens: int | None, seed: int | None) -> EpisodeClient:
         """A client for one rollout. Turn t samples with `seed + t`, so rollouts of one task
         differ yet repeat run to run; None: unseeded."""
-        return EpisodeClient(self, max_total_tokens, seed)
+        return EpisodeClient(lambda: self, max_total_tokens, seed)
 
     async def close(self) -> None:
         await self.openai.close()
@@ -143,13 +163,19 @@ class EpisodeClient:
 
     After the first turn, `messages` must extend the previous call's messages plus the
     reply it returned; the earlier turns then travel as `prompt_token_ids` and are never
-    re-rendered.
+    re-rendered. The first turn asks `route` for the engine's client, and every later turn
+    goes to the same one: that engine's prefix cache holds the conversation so far.
     """
 
     def __init__(
-        self, policy: PolicyClient, max_total_tokens: int | None, seed: int | None
+        self,
+        route: Callable[[], PolicyClient],
+        max_total_tokens: int | None,
+        seed: int | None,
     ) -> None:
-        self.policy = policy
+        self.route = route
+        self.policy: PolicyClient | None = None
+        """The engine's client; None until the first turn."""
         self.max_total_tokens = max_total_tokens
         self.seed = seed
         self.turns: list[Turn] = []
@@ -172,7 +198,10 @@ class EpisodeClient:
         tools: list[dict[str, Any]] | None = None,
         max_tokens: int | None = None,
     ) -> Reply:
-        sampling = self.policy.sampling
+        if self.policy is None:
+            self.policy = self.route()
+        policy, traffic = self.policy, self.policy.traffic
+        sampling = policy.sampling
         if self.max_total_tokens is not None:
             left = self.max_total_tokens - self.sampled_tokens
             if left <= 0:
@@ -186,9 +215,10 @@ class EpisodeClient:
             extra["stop_loops"] = True
         seed = openai.omit if self.seed is None else self.seed + len(self.turns)
         started = time.perf_counter()
+        traffic.in_flight += 1  # before any await: the next episode's route sees it
         try:
-            response = await self.policy.openai.chat.completions.create(
-                model=self.policy.model,
+            response = await policy.openai.chat.completions.create(
+                model=policy.model,
                 messages=messages,  # type: ignore[arg-type]
                 tools=tools or openai.omit,  # type: ignore[arg-type]
                 temperature=sampling.temperature,
@@ -203,8 +233,11 @@ class EpisodeClient:
                 raise EpisodeLimit(str(error)) from error
             raise
         finally:
+            traffic.in_flight -= 1
             self.generate_s += time.perf_counter() - started
         reply, prompt_ids = _reply(response)
+        traffic.requests += 1
+        traffic.sampled_tokens += len(reply.token_ids)
         self._record(messages, prompt_ids, reply)
         return reply
 

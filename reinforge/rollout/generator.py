@@ -17,7 +17,7 @@ from reinforge.envs.environment import Environment, jsonable
 from reinforge.envs.episode import Episode
 from reinforge.envs.rubric import GraderError, Scores
 from reinforge.errors import describe
-from reinforge.policy.client import EpisodeClient, PolicyClient
+from reinforge.policy.client import EpisodeClient, EpisodeSource
 from reinforge.rollout.config import RolloutConfig
 from reinforge.types import Group, Status, Task, Timings, Trajectory
 
@@ -32,7 +32,7 @@ class _Done:
 async def generate_groups(
     env: Environment,
     tasks: list[Task],
-    client: PolicyClient,
+    client: EpisodeSource,
     config: RolloutConfig,
     rollouts_per_task: int,
     seed: int | None,
@@ -58,7 +58,7 @@ async def generate_groups(
 async def generate_group(
     env: Environment,
     task: Task,
-    client: PolicyClient,
+    client: EpisodeSource,
     config: RolloutConfig,
     rollouts_per_task: int,
     seed: int | None,
@@ -78,7 +78,7 @@ async def generate_group(
 
 async def _rollout(
     env: Environment,
-    client: PolicyClient,
+    client: EpisodeSource,
     task: Task,
     index: int,
     limit: asyncio.Semaphore,

@@ -206,8 +206,8 @@ async def _train_step(
 ) -> tuple[float, float]:
     """(seconds without the sync, seconds of the sync) of one step as the loop takes it."""
     started = time.perf_counter()
-    _, sync_s = await asyncio.to_thread(engine.train_step, trainer, batch)
-    return time.perf_counter() - started - sync_s, sync_s
+    _, synced = await asyncio.to_thread(engine.train_step, trainer, batch)
+    return time.perf_counter() - started - synced.seconds, synced.seconds
 
 
 async def _trainer_times(

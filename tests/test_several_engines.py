@@ -1,0 +1,162 @@
+"""`rollout.engines = 2`: the run starts two `reinforge serve` processes, routes its episodes
+over them, syncs the weights to both each step, and leaves no engine behind, however it
+ends. Real processes and the tiny model throughout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from reinforge.config import Config, ServeConfig, load_config
+from reinforge.errors import ConfigError, UsageError
+from reinforge.orchestrate.engine_processes import EngineProcesses, settings_toml
+from reinforge.orchestrate.engines import open_engine
+from reinforge.policy.models import load_model
+
+from .commands import ROOT, kill_after, tiny_train
+
+
+def holding(folder: Path) -> set[int]:
+    """Processes with a file under `folder` open: an engine holds its log while it runs."""
+    pids = set()
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        try:
+            if os.readlink(fd).startswith(str(folder)):
+                pids.add(int(fd.parts[2]))
+        except OSError:
+            continue
+    return pids
+
+
+def gone(folder: Path) -> bool:
+    """Whether every process holding `folder` has exited (waiting a while for them)."""
+    deadline = time.monotonic() + 60
+    while holding(folder) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not holding(folder)
+
+
+def _rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "partial"])
+def test_a_run_samples_from_two_engines_and_syncs_both(tmp_path, mode):
+    argv = tiny_train(tmp_path, "run.steps=3", "rollout.engines=2", f"loop.mode={mode}")
+    process = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert process.returncode == 0, process.stderr
+    run = tmp_path / "r"
+    rows = _rows(run)
+    assert [r["policy_version"] for r in rows] == [1, 2, 3]
+    assert all(r["sync"]["engines"] == 2 and r["sync"]["bytes"] > 0 for r in rows)
+    for engine in range(2):  # both took requests
+        assert sum(r["engines"][engine]["requests"] for r in rows) > 0
+    for step in (1, 2, 3):
+        lines = (run / "trajectories" / f"step_{step:05d}.jsonl").read_text().splitlines()
+        for versions in (json.loads(line)["policy_versions"] for line in lines):
+            assert versions and all(v <= step - 1 for v in versions)
+            assert versions == sorted(versions)  # a carried-over rollout only moves on
+            if mode == "sync":  # sampled by the weights the step trains
+                assert set(versions) == {step - 1}
+            else:
+                assert step - 1 - min(versions) <= 1  # loop.max_staleness
+    assert not holding(run / "engines")
+
+
+def test_the_main_job_runs_on_two_engines(tmp_path):
+    # Nothing trains (a random model never answers arithmetic), so this is sampling only.
+    argv = [sys.executable, "-m", "reinforge", "train", str(ROOT / "examples" / "arithmetic.toml"),
+            "model.name=tiny-random", "run.steps=3", "rollout.engines=2",
+            f"run.dir={tmp_path}", "run.name=r"]  # fmt: skip
+    process = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert process.returncode == 0, process.stderr
+    rows = _rows(tmp_path / "r")
+    assert len(rows) == 3 and all(sum(e["requests"] for e in r["engines"]) > 0 for r in rows)
+    assert not holding(tmp_path / "r" / "engines")
+
+
+def test_a_killed_run_leaves_no_engine(tmp_path):
+    argv = tiny_train(tmp_path, "run.steps=50", "rollout.engines=2")
+    killed = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    kill_after(killed, tmp_path / "r" / "metrics.jsonl", 1)  # SIGKILL: no cleanup of its own
+    assert gone(tmp_path / "r" / "engines")
+
+
+def test_a_run_whose_engine_dies_fails_in_one_line_and_stops_the_other(tmp_path):
+    argv = tiny_train(tmp_path, "run.steps=50", "rollout.engines=2")
+    run = subprocess.Popen(
+        argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    log = tmp_path / "r" / "engines" / "engine-1.log"
+    metrics = tmp_path / "r" / "metrics.jsonl"
+    while run.poll() is None and not (metrics.exists() and metrics.read_text()):
+        time.sleep(0.1)
+    (engine,) = holding(log)
+    os.kill(engine, signal.SIGKILL)
+    _, stderr = run.communicate(timeout=300)
+    assert run.returncode == 2, stderr
+    assert "did not take the weights" in stderr and "Traceback" not in stderr
+    assert gone(tmp_path / "r" / "engines")
+
+
+async def test_after_a_sync_both_engines_sample_the_pushed_weights(tmp_path):
+    config = load_config(
+        Config, None, ["model.name=tiny-random", "rollout.engines=2", f"run.dir={tmp_path}"]
+    )
+    model, tokenizer = load_model("tiny-random")
+    engine = await open_engine(config, model, tokenizer, version=0)
+    try:
+        generator = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=generator))
+        engine.push(model, 5)
+        assert engine.version == 5
+        for url in engine.urls:
+            body = {"model": "tiny-random", "prompt": [5, 6, 7, 8], "max_tokens": 6, "logprobs": 0}
+            choice = httpx.post(f"{url}/completions", json=body, timeout=60).json()["choices"][0]
+            assert choice["policy_versions"] == [5] * len(choice["token_ids"])
+            ids = torch.tensor([[5, 6, 7, 8, *choice["token_ids"]]])  # (1, L)
+            with torch.no_grad():
+                logp = torch.log_softmax(model(input_ids=ids).logits[0, 3:-1].float(), dim=-1)
+            expected = logp.gather(1, torch.tensor(choice["token_ids"]).unsqueeze(1)).squeeze(1)
+            recorded = torch.tensor(choice["logprobs"]["token_logprobs"])
+            assert torch.allclose(recorded, expected, atol=1e-4)
+    finally:
+        await engine.aclose()
+    assert not holding(tmp_path / "run" / "engines")
+
+
+async def test_an_engine_that_cannot_start_is_one_line_and_leaves_none_behind(tmp_path):
+    missing = tmp_path / "no-model"
+    overrides = [f"model.name={missing}", "rollout.engines=2", f"run.dir={tmp_path}"]
+    config = load_config(Config, None, overrides)
+    expected = "engine 0 .reinforge serve. exited with code 2 before it answered: reinforge serve"
+    with pytest.raises(UsageError, match=expected) as raised:
+        await EngineProcesses.start(config)
+    assert f"unknown model '{missing}'" in str(raised.value)
+    assert not holding(tmp_path / "run" / "engines")
+
+
+def test_each_engine_serves_the_runs_settings(tmp_path):
+    overrides = ["model.name=tiny-random", "engine.dtype=bfloat16", "engine.vllm.compile=true",
+                 "rollout.sampling.temperature=0.7", "rollout.engines=2"]  # fmt: skip
+    config = load_config(Config, None, overrides)
+    wanted = EngineProcesses([1, 2], tmp_path).serve_config(config)
+    assert ServeConfig.model_validate(tomllib.loads(settings_toml(wanted))) == wanted
+    assert wanted.engine == config.engine and wanted.server.sampling.temperature == 0.7
+
+
+def test_an_engine_url_and_several_engines_are_refused_at_load():
+    with pytest.raises(ConfigError, match="set one or the other"):
+        load_config(Config, None, ["rollout.engines=2", "loop.engine_url=http://x:1/v1"])
