@@ -6,11 +6,13 @@ reads the clients' traffic counts, which the tests read back."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Iterator
 
+import openai
 import pytest
 
-from reinforge.policy.client import PolicyClient
+from reinforge.policy.client import PolicyClient, Traffic
 from reinforge.policy.config import EngineConfig, SamplingConfig
 from reinforge.policy.engine import Engine
 from reinforge.policy.router import Router
@@ -70,4 +72,36 @@ async def test_traffic_is_taken_per_step(engines):
     assert [(t.requests, t.in_flight) for t in taken] == [(1, 0), (1, 0)]
     assert all(0 < t.sampled_tokens <= 3 for t in taken)
     assert [t.requests for t in router.take_traffic()] == [0, 0]  # nothing since
+    await router.aclose()
+
+
+def _unreachable() -> PolicyClient:
+    """A client of a port nothing listens on: an engine that died."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    http = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
+    return PolicyClient(http, "tiny-random", SamplingConfig())
+
+
+async def test_a_turn_that_cannot_reach_its_engine_goes_to_one_that_serves(engines):
+    dead, live = _unreachable(), PolicyClient.for_engine(engines[0], SamplingConfig())
+    router = Router([dead, live], supervised=True)
+    episode = router.episode(None, seed=1)
+    reply = await episode.chat(SAY, max_tokens=2)  # sent to `dead` first: it is idle too
+    assert episode.policy is live and reply.token_ids
+    assert reply.policy_versions == [0] * len(reply.token_ids)
+    assert router.down == {0} and dead.traffic == Traffic()  # nothing counted as load
+    await router.episode(None, seed=2).chat(SAY, max_tokens=2)  # no episode starts there
+    assert live.traffic.requests == 2
+    await router.serve_again(0)  # its supervisor brought it back
+    assert router.least_loaded() is dead
+    await router.aclose()
+
+
+async def test_without_a_supervisor_a_turn_that_cannot_reach_its_engine_fails(engines):
+    router = Router([_unreachable(), PolicyClient.for_engine(engines[0], SamplingConfig())])
+    with pytest.raises(openai.APIConnectionError):
+        await router.episode(None, seed=1).chat(SAY, max_tokens=2)
+    assert router.down == set()
     await router.aclose()

@@ -92,20 +92,48 @@ def test_a_killed_run_leaves_no_engine(tmp_path):
     assert gone(tmp_path / "r" / "engines")
 
 
-def test_a_run_whose_engine_dies_fails_in_one_line_and_stops_the_other(tmp_path):
-    argv = tiny_train(tmp_path, "run.steps=50", "rollout.engines=2")
+def _kill_engine_once_stepped(run: subprocess.Popen[str], folder: Path, index: int) -> None:
+    """SIGKILL engine `index` of the run writing `folder` once its first step is recorded:
+    the next step's rollouts are in flight then."""
+    metrics = folder / "metrics.jsonl"
+    while run.poll() is None and not (metrics.exists() and metrics.read_text()):
+        time.sleep(0.1)
+    (engine,) = holding(folder / "engines" / f"engine-{index}.log")
+    os.kill(engine, signal.SIGKILL)
+
+
+def test_an_engine_killed_mid_run_is_restarted_and_no_rollout_fails(tmp_path):
+    argv = tiny_train(tmp_path, "run.steps=4", "rollout.engines=2")
     run = subprocess.Popen(
         argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
-    log = tmp_path / "r" / "engines" / "engine-1.log"
-    metrics = tmp_path / "r" / "metrics.jsonl"
-    while run.poll() is None and not (metrics.exists() and metrics.read_text()):
-        time.sleep(0.1)
-    (engine,) = holding(log)
-    os.kill(engine, signal.SIGKILL)
+    folder = tmp_path / "r"
+    _kill_engine_once_stepped(run, folder, 1)
+    _, stderr = run.communicate(timeout=600)
+    assert run.returncode == 0, stderr
+    assert "reinforge: engine 1 exited with code -9; restarting it (1 of at most 3" in stderr
+    rows = _rows(folder)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert sum(r["restarts"] for r in rows) == 1
+    for step in (1, 2, 3, 4):  # every rollout finished, on the weights its step trains
+        lines = (folder / "trajectories" / f"step_{step:05d}.jsonl").read_text().splitlines()
+        for rollout in map(json.loads, lines):
+            assert rollout["status"] != "error", rollout["error"]
+            assert set(rollout["policy_versions"]) == {step - 1}
+    assert gone(folder / "engines")
+
+
+def test_an_engine_that_dies_past_the_bound_stops_the_run_in_one_line(tmp_path):
+    argv = tiny_train(tmp_path, "run.steps=50", "rollout.engines=2", "rollout.engine_restarts=0")
+    run = subprocess.Popen(
+        argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    _kill_engine_once_stepped(run, tmp_path / "r", 1)
     _, stderr = run.communicate(timeout=300)
     assert run.returncode == 2, stderr
-    assert "did not take the weights" in stderr and "Traceback" not in stderr
+    assert "engine 1 exited with code -9 after 0 restarts" in stderr
+    assert "(rollout.engine_restarts = 0): stopping the run" in stderr
+    assert "Traceback" not in stderr
     assert gone(tmp_path / "r" / "engines")
 
 
@@ -152,7 +180,7 @@ def test_each_engine_serves_the_runs_settings(tmp_path):
     overrides = ["model.name=tiny-random", "engine.dtype=bfloat16", "engine.vllm.compile=true",
                  "rollout.sampling.temperature=0.7", "rollout.engines=2"]  # fmt: skip
     config = load_config(Config, None, overrides)
-    wanted = EngineProcesses([1, 2], tmp_path).serve_config(config)
+    wanted = EngineProcesses([1, 2], tmp_path, config).serve
     assert ServeConfig.model_validate(tomllib.loads(settings_toml(wanted))) == wanted
     assert wanted.engine == config.engine and wanted.server.sampling.temperature == 0.7
 

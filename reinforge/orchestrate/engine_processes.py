@@ -5,7 +5,8 @@ made for the run. Each writes its log to `<run dir>/engines/engine-<i>.log`.
 They die with the run: `stop` ends them when the run ends, and should the run's process
 be killed before it can, Linux sends each a SIGTERM (the parent-death signal). The loop
 sees only their URLs and token (`RemoteEngine`), so a launcher that places the same
-command elsewhere (Ray actors on other machines) can stand in for this one.
+command elsewhere (Ray actors on other machines) can stand in for this one. `restart`
+brings one back on its port, for the run's `Supervisor`.
 """
 
 from __future__ import annotations
@@ -41,12 +42,15 @@ _PR_SET_PDEATHSIG = 1
 
 
 class EngineProcesses:
-    def __init__(self, ports: list[int], logs: Path) -> None:
+    def __init__(self, ports: list[int], logs: Path, config: Config) -> None:
         self.ports = ports
         self.urls = [f"http://127.0.0.1:{port}/v1" for port in ports]
         self.logs = logs
         self.token = secrets.token_urlsafe(32)
-        self.processes: list[subprocess.Popen[bytes]] = []
+        server = ServerConfig(weights_token=self.token, sampling=config.rollout.sampling)
+        self.serve = ServeConfig(model=config.model, engine=config.engine, server=server)
+        """What each engine serves: the run's model, engine and sampling settings."""
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
 
     @classmethod
     async def start(cls, config: Config) -> EngineProcesses:
@@ -55,47 +59,62 @@ class EngineProcesses:
         signal comes when the starting thread ends."""
         logs = config.run_dir / "engines"
         logs.mkdir(parents=True, exist_ok=True)
-        engines = cls(_free_ports(config.rollout.engines), logs)
-        settings = Path(tempfile.mkdtemp(prefix="reinforge-engines-")) / "serve.toml"
-        try:  # the settings hold the token: private, and gone once the engines have read them
-            settings.write_text(settings_toml(engines.serve_config(config)))
-            for index, port in enumerate(engines.ports):
-                engines.processes.append(_spawn(settings, port, engines.log(index)))
-            await engines._answering()
+        engines = cls(_free_ports(config.rollout.engines), logs, config)
+        try:
+            await engines._launch(list(range(config.rollout.engines)))
         except BaseException:
             engines.stop()
             raise
-        finally:
-            shutil.rmtree(settings.parent, ignore_errors=True)
         return engines
 
-    def serve_config(self, config: Config) -> ServeConfig:
-        """What each engine serves: the run's model, engine and sampling settings."""
-        server = ServerConfig(weights_token=self.token, sampling=config.rollout.sampling)
-        return ServeConfig(model=config.model, engine=config.engine, server=server)
+    async def restart(self, index: int) -> None:
+        """Engine `index` again, on its port, once it answers (killed first should it
+        still run). On the event loop's thread, as `start`."""
+        self._kill(self.processes[index])
+        await self._launch([index])
+
+    def returncode(self, index: int) -> int | None:
+        """Engine `index`'s exit code; None while it runs."""
+        return self.processes[index].poll()
 
     def log(self, index: int) -> Path:
         return self.logs / f"engine-{index}.log"
 
     def stop(self) -> None:
         """SIGTERM to every engine, then SIGKILL to any still running after `STOP_S`."""
-        for process in self.processes:
+        for process in self.processes.values():
             if process.poll() is None:
                 process.terminate()
-        for process in self.processes:
-            try:
-                process.wait(timeout=STOP_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        for process in self.processes.values():
+            self._kill(process, after_s=STOP_S)
 
-    async def _answering(self) -> None:
-        """Until every engine answers `/health`; one that exits first, or stays silent
+    async def _launch(self, indices: list[int]) -> None:
+        settings = Path(tempfile.mkdtemp(prefix="reinforge-engines-")) / "serve.toml"
+        try:  # the settings hold the token: private, and gone once the engines have read them
+            settings.write_text(settings_toml(self.serve))
+            for index in indices:
+                self.processes[index] = _spawn(settings, self.ports[index], self.log(index))
+            await self._answering(indices)
+        finally:
+            shutil.rmtree(settings.parent, ignore_errors=True)
+
+    @staticmethod
+    def _kill(process: subprocess.Popen[bytes], after_s: float = 0.0) -> None:
+        """SIGKILL to `process` unless it exits within `after_s`."""
+        try:
+            process.wait(timeout=after_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    async def _answering(self, indices: list[int]) -> None:
+        """Until engines `indices` answer `/health`; one that exits first, or stays silent
         past `START_S`, is one line naming its log."""
         deadline = time.monotonic() + START_S
         async with httpx.AsyncClient(timeout=5.0) as http:
-            for index, process in enumerate(self.processes):
-                while not await _answers(http, self.ports[index]):
+            for index in indices:
+                process = self.processes[index]
+                while not await answers(http, self.ports[index]):
                     log = self.log(index)
                     if process.poll() is not None:
                         raise UsageError(
@@ -124,7 +143,8 @@ def _spawn(settings: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
         )
 
 
-async def _answers(http: httpx.AsyncClient, port: int) -> bool:
+async def answers(http: httpx.AsyncClient, port: int) -> bool:
+    """Whether the engine on `port` answers `/health`."""
     try:
         return (await http.get(f"http://127.0.0.1:{port}/health")).status_code == 200
     except httpx.HTTPError:

@@ -10,8 +10,10 @@ training step that ends with the weights synced to every engine.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
@@ -114,7 +116,11 @@ class RemoteEngine:
     """`reinforge serve` processes on this machine, started with a weights token. Weights
     travel as one safetensors file (under /dev/shm, in memory, where there is one) that
     every engine loads at once; each applies them between two decode steps, and its
-    requests in flight go on."""
+    requests in flight go on.
+
+    The run's own engines are supervised (`orchestrate/supervisor.py`): one that dies
+    `leave`s, and pushes skip it, or lose it should it die during one; restarted, it
+    `rejoin`s with the last push's file, kept for that, and its version."""
 
     def __init__(
         self,
@@ -138,7 +144,12 @@ class RemoteEngine:
         memory = Path("/dev/shm")
         where = memory if memory.is_dir() else None
         self._dir = Path(tempfile.mkdtemp(prefix="reinforge-weights-", dir=where))
+        self._weights = self._dir / "weights.safetensors"
         self._version = 0
+        self._joined = [True] * len(urls)
+        """Engines that hold the last push and take the next: those up, to the pushes."""
+        self._lock = threading.Lock()
+        """Held by a push and by a rejoin: a restarted engine takes the last push, whole."""
 
     @classmethod
     async def connect(
@@ -152,9 +163,14 @@ class RemoteEngine:
     ) -> RemoteEngine:
         """Connect, and hand every engine the trainer's weights as `version`: they may have
         started from another model or served another run."""
-        clients = [await PolicyClient.for_url(url, config.rollout.sampling) for url in urls]
+        # Supervised engines get no retries: a request that cannot reach its engine goes to
+        # another, while a retry could reach a restarted one before it has the run's weights.
+        retries = 2 if processes is None else 0
+        sampling = config.rollout.sampling
+        clients = [await PolicyClient.for_url(url, sampling, max_retries=retries) for url in urls]
         lease = config.loop.pause_lease_s if config.loop.mode == "partial" else None
-        engine = cls(Router(clients), urls, token, lease, processes)
+        router = Router(clients, supervised=processes is not None)
+        engine = cls(router, urls, token, lease, processes)
         try:
             engine.push(model, version)
         except BaseException:  # a refused first push must not leave its folder behind
@@ -184,37 +200,69 @@ class RemoteEngine:
                 self._post_all("/pause", {"lease_s": self.pause_lease_s}, "pause decoding")
             trained = trainer.step(batch)
             started = time.perf_counter()
-            moved, write_s = self.push(trainer.model, self._version + 1)
+            moved, engines, write_s = self.push(trainer.model, self._version + 1)
             seconds = time.perf_counter() - started
-            return trained, Synced(seconds, len(self.urls), moved, write_s)
+            return trained, Synced(seconds, engines, moved, write_s)
         finally:
             if self.pause_lease_s is not None:
                 self._post_all("/resume", {}, "resume decoding")
 
-    def push(self, model: PreTrainedModel, version: int) -> tuple[int, float]:
-        """Every engine takes the weights as `version`; returns the bytes they loaded, and
-        the seconds writing them took."""
-        path = self._dir / "weights.safetensors"
-        started = time.perf_counter()
-        with full_weights(model) as weights:
-            tensors = {name: t.detach().contiguous() for name, t in weights.items()}
-            save_file(tensors, path)
-        write_s = time.perf_counter() - started
-        try:
-            size = path.stat().st_size
-            body = {"path": str(path), "version": version}
+    def push(self, model: PreTrainedModel, version: int) -> tuple[int, int, float]:
+        """Every engine up takes the weights as `version`; returns the bytes they loaded,
+        how many took them, and the seconds writing them took."""
+        with self._lock:
+            started = time.perf_counter()
+            written = self._weights.with_suffix(".writing")
+            with full_weights(model) as weights:
+                tensors = {name: t.detach().contiguous() for name, t in weights.items()}
+                save_file(tensors, written)
+            os.replace(written, self._weights)  # a whole file, or the last one
+            write_s = time.perf_counter() - started
+            size = self._weights.stat().st_size
+            body = {"path": str(self._weights), "version": version}
             answers = self._post_all("/weights", body, "take the weights")
-        finally:
-            path.unlink(missing_ok=True)
+            if self.processes is None:  # nothing would restart an engine from the file
+                self._weights.unlink()
+            self._version = version
         served = {answer["policy_version"] for answer in answers}
-        if served != {version}:
+        if not served <= {version}:
             raise UsageError(f"engines serve versions {sorted(served)} after a push of {version}")
-        self._version = version
-        return size * len(self.urls), write_s
+        return size * len(answers), len(answers), write_s
+
+    def leave(self, index: int) -> None:
+        """Engine `index` died: pushes skip it."""
+        with self._lock:
+            self._joined[index] = False
+
+    def rejoin(self, index: int) -> None:
+        """Engine `index`, restarted (or found answering after a failed request), takes the
+        last push, and every push after it. `EngineGone` should it die meanwhile."""
+        with self._lock:
+            body = {"path": str(self._weights), "version": self._version}
+            _post(self._http[index], "/weights", body, "take the weights")
+            self._joined[index] = True
+
+    def joined(self, index: int) -> bool:
+        return self._joined[index]
 
     def _post_all(self, route: str, body: dict[str, Any], what: str) -> list[dict[str, Any]]:
-        """`route` on every engine at once; their answers in order, or the first refusal."""
-        return list(self._pool.map(lambda http: _post(http, route, body, what), self._http))
+        """`route` on every engine up at once; their answers, or the first refusal. Of the
+        run's own engines, one that cannot be reached (it died) leaves, for its supervisor
+        to bring back; an engine the user started is the run's error."""
+        up = [index for index, joined in enumerate(self._joined) if joined]
+        answers = list(self._pool.map(lambda i: self._reach(i, route, body, what), up))
+        return [answer for answer in answers if answer is not None]
+
+    def _reach(
+        self, index: int, route: str, body: dict[str, Any], what: str
+    ) -> dict[str, Any] | None:
+        try:
+            return _post(self._http[index], route, body, what)
+        except EngineGone:
+            if self.processes is None:
+                raise
+            self._joined[index] = False
+            return None
 
     async def aclose(self) -> None:
         await self.router.aclose()
@@ -226,12 +274,16 @@ class RemoteEngine:
             self.processes.stop()
 
 
+class EngineGone(UsageError):
+    """An engine that could not be reached: it died, or stopped answering."""
+
+
 def _post(http: httpx.Client, route: str, body: dict[str, Any], what: str) -> dict[str, Any]:
     url = str(http.base_url).rstrip("/")
     try:
         response = http.post(route, json=body)
     except httpx.HTTPError as error:
-        raise UsageError(f"the engine at {url} did not {what}: {error}") from error
+        raise EngineGone(f"the engine at {url} did not {what}: {error}") from error
     if response.status_code != 200:
         message = response.json().get("error", {}).get("message", response.text)
         raise UsageError(f"the engine at {url} refused to {what}: {message}")

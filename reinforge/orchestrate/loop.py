@@ -17,8 +17,9 @@ engine decodes while the trainer trains:
 The engine runs in this process, or as `reinforge serve` processes beside it, one or
 `rollout.engines` of them with each episode routed to one (`orchestrate/engines.py`);
 either way a weight sync reaches every engine between two of its decode steps, and every
-sampled token records the version that produced it. Recording (metrics, trajectories,
-checkpoints) lives in `RunRecorder`.
+sampled token records the version that produced it. The run's own engines are supervised:
+one that dies is restarted while its episodes go on elsewhere (`orchestrate/supervisor.py`).
+Recording (metrics, trajectories, checkpoints) lives in `RunRecorder`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from reinforge.orchestrate.engines import open_engine
 from reinforge.orchestrate.metrics import StepMetrics, StepTime, step_metrics
 from reinforge.orchestrate.record import RunRecorder
 from reinforge.orchestrate.rollouts import Finished, RolloutSide
+from reinforge.orchestrate.supervisor import Supervisor
 from reinforge.orchestrate.teachers import Teachers
 from reinforge.orchestrate.trackers import check_installed
 from reinforge.policy.models import load_model
@@ -87,6 +89,9 @@ async def train(
         recorder = closing.enter_context(RunRecorder(config, tokenizer, start_step))
         engine = await open_engine(config, model, tokenizer, version)
         closing.push_async_callback(engine.aclose)
+        supervisor = Supervisor(engine, config.rollout.engine_restarts)
+        watching = asyncio.create_task(supervisor.watch())
+        closing.push_async_callback(_stop, watching)
         bound = config.loop.max_staleness if config.loop.mode != "sync" else 0
         per_step = config.rollout.tasks_per_step
         rollouts = RolloutSide(
@@ -99,7 +104,7 @@ async def train(
         for step in range(start_step, config.run.steps):
             # 1. rollout: the first groups to finish, none staler than the bound
             started = time.perf_counter()
-            finished, dropped = await _collect(rollouts, per_step, engine.version, bound)
+            finished, dropped = await _collect(rollouts, watching, per_step, engine.version, bound)
             trainer_idle_s = time.perf_counter() - started
             groups = [f.group for f in sorted(finished, key=lambda f: f.slot)]
             # 2. reward is in the trajectories; a teacher (distillation) scores the tokens
@@ -144,6 +149,7 @@ async def train(
                 rollout_tokens_per_s=sampled / busy_s if busy_s > 0 else 0.0,
                 synced=synced,
                 traffic=engine.router.take_traffic(),
+                restarts=supervisor.take_restarts(),
                 teacher_s=teacher_s if config.distill else None,
             )
             state = {"policy_version": engine.version, "loop": rollouts.position()}
@@ -152,20 +158,30 @@ async def train(
     return recorder.directory
 
 
-async def _stop(producer: asyncio.Task[None]) -> None:
-    producer.cancel()
-    await asyncio.gather(producer, return_exceptions=True)
+async def _stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 async def _collect(
-    rollouts: RolloutSide, needed: int, version: int, max_staleness: int
+    rollouts: RolloutSide,
+    watching: asyncio.Task[None],
+    needed: int,
+    version: int,
+    max_staleness: int,
 ) -> tuple[list[Finished], int]:
     """The first `needed` groups to finish within the staleness bound, and how many
-    finished beyond it (dropped: their slots go back to the rollout side)."""
+    finished beyond it (dropped: their slots go back to the rollout side). Should the
+    engines' supervisor give up (`watching` ends) first, its error."""
     kept: list[Finished] = []
     dropped = 0
     while len(kept) < needed:
-        finished = await rollouts.next_group()
+        next_group = asyncio.ensure_future(rollouts.next_group())
+        await asyncio.wait({next_group, watching}, return_when=asyncio.FIRST_COMPLETED)
+        if watching.done():
+            next_group.cancel()
+            watching.result()  # raises: it never ends otherwise
+        finished = next_group.result()
         oldest = finished.oldest_version
         if oldest is not None and version - oldest > max_staleness:
             dropped += 1

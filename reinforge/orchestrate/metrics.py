@@ -107,6 +107,9 @@ class StepMetrics(RolloutSummary):
     """None when nothing trained (nothing to sync)."""
     engines: list[EngineLoad]
     """In engine order (the `engine-<i>.log` of the run's own engines)."""
+    restarts: int = 0
+    """The run's engines restarted during the step, after their process died or stopped
+    answering (`rollout.engine_restarts` bounds them over the run)."""
     distill: DistillStats | None = None
     """None when the run does not distil (`distill` unset)."""
 
@@ -135,13 +138,14 @@ def step_metrics(
     rollout_tokens_per_s: float,
     synced: Synced | None,
     traffic: list[Traffic],
+    restarts: int = 0,
     teacher_s: float | None = None,
 ) -> StepMetrics:
     """`summary` is `summarize` of the step's groups; staleness is the trainer's version
     when it trained (`trained_version`) minus the version that sampled each trained token.
     `synced`: the weight sync, None when nothing trained; `traffic`: each engine's requests
-    and tokens during the step. `teacher_s`: the teachers' scoring time, when the run
-    distils."""
+    and tokens during the step; `restarts`: engines restarted during it. `teacher_s`: the
+    teachers' scoring time, when the run distils."""
     staleness = [trained_version - v for t in selection.trajectories for v in t.policy_versions]
     samples = len(selection.trajectories)
     trained_tokens = trained.trained_tokens if trained is not None else 0.0
@@ -173,6 +177,7 @@ def step_metrics(
             )
             for t in traffic
         ],
+        restarts=restarts,
         distill=None if teacher_s is None else _distill_stats(selection, teacher_s),
     )
 

@@ -10,7 +10,7 @@ policy sampled.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -124,10 +124,13 @@ class PolicyClient:
         sampling: SamplingConfig,
         model: str | None = None,
         api_key: str = "EMPTY",
+        max_retries: int = 2,
     ) -> PolicyClient:
         """A client of any OpenAI-compatible server; checks that it answers first."""
         # No deadline per request: each rollout has its own (`rollout.timeout_s`).
-        client = openai.AsyncOpenAI(base_url=url, api_key=api_key, max_retries=2, timeout=None)
+        client = openai.AsyncOpenAI(
+            base_url=url, api_key=api_key, max_retries=max_retries, timeout=None
+        )
         try:
             listed = [m.id async for m in client.models.list()]
         except openai.APIError as error:
@@ -165,6 +168,11 @@ class EpisodeClient:
     reply it returned; the earlier turns then travel as `prompt_token_ids` and are never
     re-rendered. The first turn asks `route` for the engine's client, and every later turn
     goes to the same one: that engine's prefix cache holds the conversation so far.
+
+    A turn that cannot reach its engine (the process died) is handed to `lost`, where one
+    is given: it returns once another engine serves, and the turn goes again to the one
+    `route` gives then. Nothing of the failed request was recorded, and each turn sends
+    the exact tokens so far, so the episode goes on as if it had been there all along.
     """
 
     def __init__(
@@ -172,8 +180,10 @@ class EpisodeClient:
         route: Callable[[], PolicyClient],
         max_total_tokens: int | None,
         seed: int | None,
+        lost: Callable[[PolicyClient], Awaitable[None]] | None = None,
     ) -> None:
         self.route = route
+        self.lost = lost
         self.policy: PolicyClient | None = None
         """The engine's client; None until the first turn."""
         self.max_total_tokens = max_total_tokens
@@ -200,8 +210,7 @@ class EpisodeClient:
     ) -> Reply:
         if self.policy is None:
             self.policy = self.route()
-        policy, traffic = self.policy, self.policy.traffic
-        sampling = policy.sampling
+        sampling = self.policy.sampling
         if self.max_total_tokens is not None:
             left = self.max_total_tokens - self.sampled_tokens
             if left <= 0:
@@ -214,32 +223,45 @@ class EpisodeClient:
         if sampling.stop_loops:  # only when on: a server without the extension may refuse it
             extra["stop_loops"] = True
         seed = openai.omit if self.seed is None else self.seed + len(self.turns)
+        request: dict[str, Any] = dict(
+            messages=messages,
+            tools=tools or openai.omit,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=openai.omit if max_tokens is None else max_tokens,
+            seed=seed,
+            logprobs=True,
+            extra_body=extra or None,
+        )
+        while True:
+            policy = self.policy or self.route()
+            try:
+                response = await self._send(policy, request)
+                break
+            except openai.APIConnectionError:
+                if self.lost is None:
+                    raise
+                self.policy = None
+                await self.lost(policy)
+        self.policy = policy
+        reply, prompt_ids = _reply(response)
+        policy.traffic.requests += 1
+        policy.traffic.sampled_tokens += len(reply.token_ids)
+        self._record(messages, prompt_ids, reply)
+        return reply
+
+    async def _send(self, policy: PolicyClient, request: dict[str, Any]) -> Any:
         started = time.perf_counter()
-        traffic.in_flight += 1  # before any await: the next episode's route sees it
+        policy.traffic.in_flight += 1  # before any await: the next episode's route sees it
         try:
-            response = await policy.openai.chat.completions.create(
-                model=policy.model,
-                messages=messages,  # type: ignore[arg-type]
-                tools=tools or openai.omit,  # type: ignore[arg-type]
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                max_tokens=openai.omit if max_tokens is None else max_tokens,
-                seed=seed,
-                logprobs=True,
-                extra_body=extra or None,
-            )
+            return await policy.openai.chat.completions.create(model=policy.model, **request)
         except openai.BadRequestError as error:
             if _code(error) == "context_length_exceeded":
                 raise EpisodeLimit(str(error)) from error
             raise
         finally:
-            traffic.in_flight -= 1
+            policy.traffic.in_flight -= 1
             self.generate_s += time.perf_counter() - started
-        reply, prompt_ids = _reply(response)
-        traffic.requests += 1
-        traffic.sampled_tokens += len(reply.token_ids)
-        self._record(messages, prompt_ids, reply)
-        return reply
 
     def _continuation_tokens(self, messages: list[Message]) -> list[int] | None:
         if not self.turns:

@@ -27,3 +27,7 @@ class TrainRolloutConfig(RolloutConfig):
     processes of its model and engine settings on this machine, routes each episode to the
     least-loaded one (its later turns stay there), syncs the weights to all of them each
     step, and stops them when it ends."""
+    engine_restarts: int = Field(3, ge=0)
+    """With `engines` > 1: how many times, all engines together, the run restarts an engine
+    whose process died or stopped answering (its episodes' turns go to the other engines
+    meanwhile); one more death stops the run. 0: the first death stops it."""

@@ -1,0 +1,84 @@
+"""The run's engines brought back when they die: the supervisor of `rollout.engines` > 1.
+
+Twice a second it looks at every engine. One whose process exited, or that a request could
+not reach and that no longer answers `/health`, is taken out of the router and the weight
+pushes, restarted on its port, handed the last push's weights and version, and only then
+routed to again. Meanwhile its episodes' turns go to the other engines (`Router.lost`), so
+no rollout fails because an engine died and every token records the version that sampled
+it. Each restart is one line on stderr and counted in the step's metrics; the
+`rollout.engine_restarts` + 1st death stops the run with one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import httpx
+
+from reinforge.errors import UsageError
+from reinforge.orchestrate.engine_processes import EngineProcesses, answers
+from reinforge.orchestrate.engines import EngineGone, PolicyEngine, RemoteEngine
+
+WATCH_S = 0.5
+"""Between two looks at the engines."""
+
+
+class Supervisor:
+    def __init__(self, engine: PolicyEngine, limit: int) -> None:
+        self.engine = engine if isinstance(engine, RemoteEngine) else None
+        """The run's own engines; None: nothing to supervise (an engine in this process, or
+        one the user started)."""
+        self.limit = limit
+        self.restarts = 0
+        self._reported = 0
+
+    def take_restarts(self) -> int:
+        """Restarts since the last call."""
+        restarts, self._reported = self.restarts - self._reported, self.restarts
+        return restarts
+
+    async def watch(self) -> None:
+        """For as long as the run goes; raises when an engine dies once too often."""
+        if self.engine is None or self.engine.processes is None:
+            await asyncio.Event().wait()  # never set: nothing to watch
+            return
+        engine, processes = self.engine, self.engine.processes
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            while True:
+                for index in range(len(engine.urls)):
+                    await self._check(http, engine, processes, index)
+                await asyncio.sleep(WATCH_S)
+
+    async def _check(
+        self, http: httpx.AsyncClient, engine: RemoteEngine, processes: EngineProcesses, index: int
+    ) -> None:
+        router, code = engine.router, processes.returncode(index)
+        if code is None and index not in router.down and engine.joined(index):
+            return  # serving
+        if code is not None or not await answers(http, processes.ports[index]):
+            died = "stopped answering" if code is None else f"exited with code {code}"
+            self._count(processes, index, died)
+            router.take_down(index)
+            engine.leave(index)
+            await processes.restart(index)
+        try:  # restarted, or answering again after a failed request or push
+            await asyncio.to_thread(engine.rejoin, index)
+        except EngineGone:
+            return  # gone again: the next look restarts it
+        await router.serve_again(index)
+
+    def _count(self, processes: EngineProcesses, index: int, died: str) -> None:
+        log = processes.log(index)
+        if self.restarts == self.limit:
+            raise UsageError(
+                f"engine {index} {died} after {self.restarts} restarts of the run's engines "
+                f"(rollout.engine_restarts = {self.limit}): stopping the run (log: {log})"
+            )
+        self.restarts += 1
+        print(
+            f"reinforge: engine {index} {died}; restarting it ({self.restarts} of at most "
+            f"{self.limit} restarts, log: {log})",
+            file=sys.stderr,
+            flush=True,
+        )
