@@ -81,15 +81,17 @@ def test_pushed_weights_are_the_policy_that_samples_next(server, tmp_path):
     assert response.json() == {"policy_version": 7}
     assert httpx.get(f"{server}/health").json()["policy_version"] == 7
 
-    reply = httpx.post(
-        f"{server}/v1/completions",
-        json={"model": "tiny-random", "prompt": [5, 6, 7, 8], "max_tokens": 6, "logprobs": 0},
-        timeout=60,
-    ).json()
-    choice = reply["choices"][0]
-    assert choice["policy_versions"] == [7] * len(choice["token_ids"])
     model, _ = load_model("tiny-random")
     model.load_state_dict(state, strict=False)
+    assert_samples_with(f"{server}/v1", model, 7)
+
+
+def assert_samples_with(url: str, model: torch.nn.Module, version: int) -> None:
+    """The server at `url` (its /v1) samples as `version`, and the log-probs it records are
+    a plain forward of `model`: the pushed weights are the policy."""
+    body = {"model": "tiny-random", "prompt": [5, 6, 7, 8], "max_tokens": 6, "logprobs": 0}
+    choice = httpx.post(f"{url}/completions", json=body, timeout=60).json()["choices"][0]
+    assert choice["policy_versions"] == [version] * len(choice["token_ids"])
     ids = torch.tensor([[5, 6, 7, 8, *choice["token_ids"]]])  # (1, L)
     with torch.no_grad():
         logp = torch.log_softmax(model(input_ids=ids).logits[0, 3:-1].float(), dim=-1)

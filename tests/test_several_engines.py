@@ -13,7 +13,6 @@ import time
 import tomllib
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 
@@ -24,6 +23,7 @@ from reinforge.orchestrate.engines import open_engine
 from reinforge.policy.models import load_model
 
 from .commands import ROOT, kill_after, tiny_train
+from .test_remote_engine import assert_samples_with
 
 
 def holding(folder: Path) -> set[int]:
@@ -151,15 +151,7 @@ async def test_after_a_sync_both_engines_sample_the_pushed_weights(tmp_path):
         engine.push(model, 5)
         assert engine.version == 5
         for url in engine.urls:
-            body = {"model": "tiny-random", "prompt": [5, 6, 7, 8], "max_tokens": 6, "logprobs": 0}
-            choice = httpx.post(f"{url}/completions", json=body, timeout=60).json()["choices"][0]
-            assert choice["policy_versions"] == [5] * len(choice["token_ids"])
-            ids = torch.tensor([[5, 6, 7, 8, *choice["token_ids"]]])  # (1, L)
-            with torch.no_grad():
-                logp = torch.log_softmax(model(input_ids=ids).logits[0, 3:-1].float(), dim=-1)
-            expected = logp.gather(1, torch.tensor(choice["token_ids"]).unsqueeze(1)).squeeze(1)
-            recorded = torch.tensor(choice["logprobs"]["token_logprobs"])
-            assert torch.allclose(recorded, expected, atol=1e-4)
+            assert_samples_with(url, model, 5)
     finally:
         await engine.aclose()
     assert not holding(tmp_path / "run" / "engines")
