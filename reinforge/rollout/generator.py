@@ -117,8 +117,6 @@ async def _rollout(
             trajectory.status = Status.ERROR
             trajectory.error = describe(error)
         _record(trajectory, episode_client, episode, time.perf_counter() - started)
-        if episode_client.loop_stops:
-            trajectory.info["loop_stops"] = episode_client.loop_stops
         if level is not None:
             trajectory.info.update(reasoning_level=level.name, budget=level.budget)
         if variant is not None:
@@ -152,6 +150,8 @@ def _record(
         trajectory.info = jsonable(episode.state)
     else:
         trajectory.turns = len(client.turns)
+    if client.loop_stops:  # turns the engine ended because they looped (`stop_loops`)
+        trajectory.info["loop_stops"] = client.loop_stops
 
 
 async def _score(env: Environment, task: Task, done: list[_Done], timeout_s: float) -> Group:
