@@ -16,6 +16,7 @@ from transformers import PreTrainedTokenizerBase
 from reinforge.policy.chat import parse_tool_calls
 from reinforge.policy.engine import Completion
 from reinforge.policy.requests import ChatRequest, CompletionRequest
+from reinforge.policy.sampling import TopLogprobs
 from reinforge.policy.scoring import PromptLogprobs
 
 Json = dict[str, Any]  # a JSON object, as the OpenAI schema shapes it
@@ -89,12 +90,9 @@ class ChoiceWriter:
             top = None
             if k:
                 top = [None] + [
-                    {
-                        **{self._token(t): _written(lp) for t, lp in alternatives},
-                        token: _written(lp),
-                    }
-                    for token, lp, alternatives in zip(
-                        tokens[1:], scores.logprobs, scores.top_logprobs, strict=True
+                    self._top(alternatives, token_id, lp)
+                    for token_id, lp, alternatives in zip(
+                        prompt_ids[1:], scores.logprobs, scores.top_logprobs, strict=True
                     )
                 ]
             logprobs = {
@@ -133,11 +131,10 @@ class ChoiceWriter:
         top = None
         if request.alternatives:
             top = [
-                {
-                    **{self._token(t): _written(lp) for t, lp in completion.top_logprobs[k]},
-                    entry["token"]: entry["logprob"],
-                }
-                for k, entry in zip(tokens, entries, strict=True)
+                self._top(
+                    completion.top_logprobs[k], completion.token_ids[k], completion.logprobs[k]
+                )
+                for k in tokens
             ]
         return {
             "tokens": [e["token"] for e in entries],
@@ -149,6 +146,12 @@ class ChoiceWriter:
     def _entry(self, token_id: int, logprob: float) -> Json:
         token = self._token(token_id)
         return {"token": token, "logprob": _written(logprob), "bytes": list(token.encode())}
+
+    def _top(self, alternatives: TopLogprobs, token_id: int, logprob: float) -> Json:
+        """The completions API's `top_logprobs` at one position: the most likely tokens and
+        the position's own (sampled or given), by text."""
+        top = {self._token(t): _written(lp) for t, lp in alternatives}
+        return {**top, self._token(token_id): _written(logprob)}
 
     def _token(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
