@@ -77,8 +77,8 @@ def main() -> None:
                     f"dropped {found['dropped_stale']}  wall {found['wall_s'] / 60:.1f} min",
                     flush=True,
                 )
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+                if args.json:  # after every run, so a crash keeps the runs done so far
+                    args.json.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":
