@@ -86,6 +86,37 @@ def test_malformed_tool_calls_are_errors_not_calls(text):
     assert parsed.content == text
 
 
+XML_CALL = (
+    "<function=weather>\n<parameter=city>\nZürich\n</parameter>\n"
+    "<parameter=days>\n2\n</parameter>\n</function>"
+)
+
+
+def test_parse_xml_tool_calls():
+    parsed = parse_tool_calls(f"Let me look.\n{XML_CALL}", "xml")
+    assert parsed.content == "Let me look." and parsed.errors == []
+    (call,) = parsed.tool_calls
+    assert call["function"]["name"] == "weather"
+    # values are text; the tool's argument types read the number from it
+    assert json.loads(call["function"]["arguments"]) == {"city": "Zürich", "days": "2"}
+    assert parse_tool_calls(XML_CALL).tool_calls == []  # not a Hermes call
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<function=f>stray text</function>",
+        "<function=>\n</function>",
+        "<function=f><parameter=a>1</parameter><parameter=a>2</parameter></function>",
+        "<function=f><parameter=a>1</parameter>",
+    ],
+)
+def test_malformed_xml_tool_calls_are_errors_not_calls(text):
+    parsed = parse_tool_calls(text, "xml")
+    assert parsed.tool_calls == [] and len(parsed.errors) == 1
+    assert parsed.content == text
+
+
 @pytest.mark.parametrize(
     "text", [CALL, f"Let me look.\n{CALL}", f"{CALL}\n{CALL.replace('Zürich', 'Bern')}"]
 )

@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     if augment is not None and augment.variants and not augment.varies(list(env.harness.tools)):
         raise UsageError(
             f"{augment.variants} harness variants of {env.name!r} would all be alike: give "
-            "env.augment.system_prompts, notes, tool_names or tool_descriptions"
+            "env.augment.system_prompts, notes, tool_names, tool_descriptions, "
+            "tool_formats or subagent"
         )
     out = config.eval.out or Path("runs") / f"eval-{env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     return asyncio.run(_run(config, env, out))

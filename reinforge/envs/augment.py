@@ -1,7 +1,7 @@
 """Harness augmentation: each rollout meets a variant of the harness (system prompt, tool
-names, descriptions and order, notes in the prompt), so a policy learns the task rather
-than one harness's wording; and an eval over fixed variants measures how much a policy's
-reward depends on that wording.
+names, descriptions and order, notes in the prompt, the tool-call format, a sub-agent
+tool), so a policy learns the task rather than one harness's wording; and an eval over
+fixed variants measures how much a policy's reward depends on that wording.
 
 A variant is drawn from a key, so the same seed gives the same variants; it is recorded
 on the trajectory (`info["harness"]`, and `info["harness_variant"]` when the run uses a
@@ -19,9 +19,12 @@ from typing import TYPE_CHECKING, Any, Self
 
 from pydantic import Field, model_validator
 
+from reinforge.envs.subagent import SUBAGENT_CALLS, SubAgent, SubAgentConfig
+from reinforge.policy.chat import ToolFormat
 from reinforge.types import Message, Record, Section, Status, Trajectory
 
 if TYPE_CHECKING:
+    from reinforge.envs.episode import Episode
     from reinforge.envs.tools import Tool
 
 
@@ -42,6 +45,12 @@ class HarnessAugmentation(Section):
     """Texts that may join the system prompt (memory notes, skills), each independently."""
     note_rate: float = Field(0.5, ge=0.0, le=1.0)
     """How often each note is included."""
+    tool_formats: list[ToolFormat] = Field(default_factory=list)
+    """Tool-call formats to draw from: "hermes" (`<tool_call>` JSON, through the chat API)
+    or "xml" (`<function=NAME><parameter=ARGUMENT>value</parameter></function>`, told in the
+    system prompt and read from the reply by the environment). Empty: hermes."""
+    subagent: SubAgentConfig | None = None
+    """Offer the sub-agent tool to some rollouts; None: to none."""
     variants: int = Field(0, ge=0)
     """Fixed variants that rollout i of a task meets in turn (i mod N): variant 0 is the
     environment's own harness, the others are drawn from the seed; `reinforge eval` runs
@@ -59,11 +68,15 @@ class HarnessAugmentation(Section):
     def varies(self, tools: list[Tool]) -> bool:
         """Whether two variants can differ for a harness offering `tools`."""
         names = {t.name for t in tools}
+        subagent = self.subagent.rate if self.subagent is not None else 0.0
+        offered = len(tools) + (subagent > 0)
         return bool(
             self.system_prompts
             or self.notes
             or any(self.tool_names.get(n) or self.tool_descriptions.get(n) for n in names)
-            or (self.shuffle_tools and len(tools) > 1)
+            or (self.shuffle_tools and offered > 1)
+            or (len(set(self.tool_formats)) > 1 and offered > 0)
+            or 0 < subagent < 1
         )
 
     def unknown_tools(self, tools: list[Tool]) -> list[str]:
@@ -102,12 +115,16 @@ class HarnessAugmentation(Section):
             for tool, paraphrases in self.tool_descriptions.items()
         }
         order = rng.random() if self.shuffle_tools else None
-        return Variant(self, number, prompt, notes, names, described, order)
+        # Drawn after the features above, so that adding these leaves their draws as they were.
+        tool_format = rng.choice(self.tool_formats) if self.tool_formats else "hermes"
+        subagent = self.subagent is not None and rng.random() < self.subagent.rate
+        return Variant(self, number, prompt, notes, names, described, order, tool_format, subagent)
 
 
 @dataclass(frozen=True)
 class Variant:
-    """One rollout's harness: which prompt, notes, names and descriptions it drew."""
+    """One rollout's harness: which prompt, notes, names, descriptions and call format it
+    drew, and whether it has the sub-agent."""
 
     augmentation: HarnessAugmentation = field(repr=False)
     number: int | None
@@ -121,6 +138,10 @@ class Variant:
     order_key: float | None
     """Seeds the tool order, so the same variant always orders tools alike; None: the
     environment's order."""
+    tool_format: ToolFormat = "hermes"
+    """How the model is asked to write tool calls; hermes is the environment's own."""
+    subagent: bool = False
+    """Whether the rollout is offered the `subagent` tool."""
 
     @classmethod
     def own(cls, augmentation: HarnessAugmentation) -> Variant:
@@ -129,9 +150,18 @@ class Variant:
 
     def key(self, tools: list[Tool]) -> tuple[object, ...]:
         """What the model sees differ between two variants of a harness offering `tools`:
-        prompt, notes, and the tools' shown names, descriptions and order."""
+        prompt, notes, the tools' shown names, descriptions and order (the sub-agent's
+        among them), and, when there are tools, their call format."""
         shown = tuple((t.name, t.description) for t in self.tools(tools))
-        return (self.prompt, tuple(self.notes), shown)
+        return (self.prompt, tuple(self.notes), shown, self.tool_format if shown else None)
+
+    def apply(self, episode: Episode, tools: list[Tool]) -> list[dict[str, Any]] | None:
+        """Give `episode` this variant of a harness offering `tools`; the tool schemas that
+        go with each chat request, which the trajectory records (`Episode.offer_tools`)."""
+        episode.messages = self.messages(episode.messages)
+        if self.subagent:
+            episode.state[SUBAGENT_CALLS] = 0
+        return episode.offer_tools(self.tools(tools), self.tool_format)
 
     def messages(self, messages: list[Message]) -> list[Message]:
         """`messages` with this variant's system prompt and notes."""
@@ -150,7 +180,7 @@ class Variant:
 
     def tools(self, tools: list[Tool]) -> list[Tool]:
         """`tools` as this variant shows them: renamed, redescribed and reordered copies
-        (calls by a shown name run the tool itself)."""
+        (calls by a shown name run the tool itself), with the sub-agent when offered."""
         shown = []
         for original in tools:
             tool = copy.copy(original)
@@ -159,6 +189,8 @@ class Variant:
             if pick >= 0:
                 tool.description = self.augmentation.tool_descriptions[original.name][pick]
             shown.append(tool)
+        if self.subagent and self.augmentation.subagent is not None:
+            shown.append(SubAgent(self.augmentation.subagent))
         if self.order_key is not None:
             random.Random(self.order_key).shuffle(shown)
         return shown
@@ -170,6 +202,8 @@ class Variant:
             "notes": self.notes,
             "tools": [t.name for t in shown],
             "descriptions": {name: i for name, i in self.descriptions.items() if i >= 0},
+            "tool_format": self.tool_format,
+            "subagent": self.subagent,
         }
 
 

@@ -27,7 +27,8 @@ class EnvConfig(Section):
     term `over_budget`). docs/recipes.md."""
     augment: HarnessAugmentation | None = None
     """Vary the harness per rollout (system prompt, tool names, descriptions and order,
-    notes); None: every rollout meets the environment's harness. docs/recipes.md."""
+    notes, tool-call format, a sub-agent tool); None: every rollout meets the environment's
+    harness. docs/recipes.md."""
     loop_penalty: float = Field(0.0, ge=0.0)
     """Subtracted from the reward of an episode with a looping turn (rubric term
     `looping`); 0: no term. Loop rates are reported either way."""

@@ -9,7 +9,7 @@ typed step: `Continue(messages)` to go on, `Finished()` to end the episode.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,9 +17,10 @@ from reinforge.envs.augment import HarnessAugmentation
 from reinforge.envs.episode import Episode
 from reinforge.envs.levels import ReasoningLevels
 from reinforge.envs.rubric import Rubric
+from reinforge.envs.subagent import SUBAGENT_CALLS, SubAgent
 from reinforge.envs.tools import Tool, ToolResult
 from reinforge.policy.chat import parse_tool_calls
-from reinforge.policy.client import ChatClient, EpisodeLimit
+from reinforge.policy.client import ChatClient, EpisodeClient, EpisodeLimit
 from reinforge.types import Message, Task
 
 
@@ -36,6 +37,7 @@ class Finished:
 
 
 Step = Continue | Finished
+Respond = Callable[[Episode], Awaitable[Step]]
 
 
 @dataclass
@@ -129,12 +131,22 @@ class Environment:
 
     async def _play(self, client: ChatClient, episode: Episode) -> None:
         """The agent loop: chat, run tool calls, or let the environment respond."""
+        await self._loop(client, episode, self.harness.max_turns, self.respond)
+
+    async def _loop(
+        self, client: ChatClient, episode: Episode, max_turns: int, respond: Respond
+    ) -> None:
+        """`_play`'s loop, which a sub-agent's episode runs too with a `respond` of its own."""
         harness = self.harness
         tools = self._episode_tools(episode)
-        schemas = [t.schema for t in tools.values()] or None
-        while episode.turns < harness.max_turns:
+        # Hermes calls go through the chat API; other formats were told in the system prompt.
+        hermes = episode.tool_format == "hermes"
+        schemas = [t.schema for t in tools.values()] if hermes else []
+        while episode.turns < max_turns:
             try:
-                reply = await client.chat(episode.messages, schemas, harness.max_tokens_per_turn)
+                reply = await client.chat(
+                    episode.messages, schemas or None, harness.max_tokens_per_turn
+                )
             except EpisodeLimit:
                 episode.truncated = True
                 return
@@ -143,13 +155,14 @@ class Environment:
             # A turn cut at the token limit goes to the environment like any other (it may
             # call it invalid); the episode counts as truncated if it ends on such a turn.
             episode.truncated = reply.truncated
-            if tools and (reply.tool_calls or "<tool_call>" in reply.text):
-                episode.messages.extend(await self._run_tools(episode, reply.message))
+            results = await self._run_tools(client, episode, reply.message) if tools else []
+            if results:  # the reply called tools, or tried to
+                episode.messages.extend(results)
                 if self.is_done(episode):  # reached through a tool, on any turn
                     episode.truncated = False
                     return
                 continue
-            step = await self.respond(episode)
+            step = await respond(episode)
             if isinstance(step, Finished):
                 return
             episode.messages.extend(step.messages)
@@ -162,24 +175,32 @@ class Environment:
             return self._tools
         return {t.name: t for t in episode.tools}
 
-    async def _run_tools(self, episode: Episode, message: Message) -> list[Message]:
-        """Run each call; errors go back to the model as tool messages and are counted."""
+    async def _run_tools(
+        self, client: ChatClient, episode: Episode, message: Message
+    ) -> list[Message]:
+        """Run each call; errors go back to the model as tool messages and are counted. The
+        calls are the server's (`tool_calls`) or, where it parsed none, those in the text
+        in the episode's format."""
         tools = self._episode_tools(episode)
+        parsed = parse_tool_calls(message.get("content") or "", episode.tool_format)
         results: list[Message] = []
-        for problem in parse_tool_calls(message.get("content") or "").errors:
+        for problem in parsed.errors:
             episode.tool_errors += 1
             results.append({"role": "tool", "content": f"Error: {problem}"})
-        for call in message.get("tool_calls") or []:
+        for call in message.get("tool_calls") or parsed.tool_calls:
             function = call["function"]
             episode.tool_calls += 1
             tool = tools.get(function["name"])
+            arguments = function.get("arguments") or "{}"
             if tool is None:
                 known = ", ".join(tools)
                 result = ToolResult(
                     f"Error: no tool named {function['name']!r}; tools: {known}", error=True
                 )
+            elif isinstance(tool, SubAgent):
+                result = await self._delegate(client, episode, tool, arguments)
             else:
-                result = await tool.call(function.get("arguments") or "{}", episode)
+                result = await tool.call(arguments, episode)
             episode.tool_errors += result.error
             results.append(
                 {
@@ -190,6 +211,49 @@ class Environment:
                 }
             )
         return results
+
+    async def _delegate(
+        self, client: ChatClient, episode: Episode, tool: SubAgent, arguments: str
+    ) -> ToolResult:
+        """Run a sub-agent call: the task as a nested episode of the same policy, sharing
+        this episode's task, state and resources (its sandbox), offered its tools but the
+        sub-agent in its format; the helper's final answer is the result."""
+        given = await tool.call(arguments)
+        if given.error:
+            return given
+        helper_client = _helper_client(client, self.harness.max_total_tokens)
+        episode.state[SUBAGENT_CALLS] = episode.state.get(SUBAGENT_CALLS, 0) + 1
+        helper = Episode(
+            episode.task,
+            [{"role": "user", "content": given.content}],
+            episode.state,
+            resources=episode.resources,
+        )
+        others = [t for t in self._episode_tools(episode).values() if not isinstance(t, SubAgent)]
+        helper.offer_tools(others, episode.tool_format)
+        await self._loop(helper_client, helper, tool.max_turns, _answer)
+        if helper.truncated:
+            return ToolResult(
+                f"Error: the sub-agent did not finish in {tool.max_turns} turns of at most "
+                f"{self.harness.max_tokens_per_turn} tokens",
+                error=True,
+            )
+        return ToolResult(helper.completion)
+
+
+async def _answer(episode: Episode) -> Step:
+    """A sub-agent's turn without a tool call is its answer."""
+    return Finished()
+
+
+def _helper_client(client: ChatClient, max_total_tokens: int | None) -> EpisodeClient:
+    """A client of the rollout's engines for a sub-agent's episode, with a token record of
+    its own. Its seed follows from the turns the rollout has taken, so a rerun of a seeded
+    rollout samples the same helper."""
+    if not isinstance(client, EpisodeClient):
+        raise TypeError("the sub-agent tool needs the rollout's EpisodeClient")
+    seed = None if client.seed is None else client.seed + len(client.turns)
+    return EpisodeClient(client.route, max_total_tokens, seed, client.lost)
 
 
 def jsonable(state: dict[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from reinforge.envs.levels import Level
+from reinforge.policy.chat import ToolFormat, with_tool_prompt
 from reinforge.types import Message, Task
 
 if TYPE_CHECKING:
@@ -29,11 +30,29 @@ class Episode:
     tools: list[Tool] | None = None
     """The tools as this rollout was shown them, when the run varies the harness (renamed,
     redescribed, reordered); None: the harness's."""
+    tool_format: ToolFormat = "hermes"
+    """How the model was asked to write tool calls. Hermes is the chat API's: the tools go
+    with each request, and the server tells them to the model and parses its calls; any
+    other format is told in the system prompt (`offer_tools`) and read from the text."""
     sampled_token_ids: list[list[int]] = field(default_factory=list, repr=False)
     """The token ids the policy sampled, one list per turn, filled in by the rollout
     generator when the episode ends: what graders of length and repetition count."""
     resources: dict[str, Any] = field(default_factory=dict, repr=False)
     """Live per-episode objects (a sandbox); never serialised, released by `stop`."""
+
+    def offer_tools(
+        self, tools: list[Tool], tool_format: ToolFormat
+    ) -> list[dict[str, Any]] | None:
+        """Offer `tools`, to be called in `tool_format`; the schemas that go with each chat
+        request (None where the system prompt tells them)."""
+        self.tools, self.tool_format = tools, tool_format
+        schemas = [t.schema for t in tools]
+        if not schemas:
+            return None
+        if tool_format == "hermes":
+            return schemas
+        self.messages = with_tool_prompt(self.messages, schemas, tool_format)
+        return None
 
     @property
     def completion(self) -> str:

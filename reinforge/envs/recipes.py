@@ -14,6 +14,7 @@ from reinforge.envs.judge import Judge
 from reinforge.envs.levels import over_budget
 from reinforge.envs.loops import looping
 from reinforge.envs.rubric import GroupReward, Override, Reward, Rubric
+from reinforge.envs.subagent import subagent
 from reinforge.errors import UsageError
 
 if TYPE_CHECKING:
@@ -26,11 +27,17 @@ def add_recipes(environment: Environment, config: EnvConfig) -> None:
     terms: list[Reward | GroupReward | Override] = []
     if config.augment is not None:
         unknown = config.augment.unknown_tools(list(environment.harness.tools))
+        offered_names = [t.name for t in environment.harness.tools]
         if unknown:
-            offered = ", ".join(t.name for t in environment.harness.tools) or "none"
+            offered = ", ".join(offered_names) or "none"
             raise UsageError(
                 f"env.augment names tools that {environment.name!r} does not offer: "
                 f"{', '.join(unknown)} (its tools: {offered})"
+            )
+        if config.augment.subagent is not None and subagent.__name__ in offered_names:
+            raise UsageError(
+                f"env.augment.subagent: {environment.name!r} has a tool named "
+                f"{subagent.__name__!r} already"
             )
         environment.harness = replace(environment.harness, augment=config.augment)
     if config.levels is not None:

@@ -13,6 +13,12 @@ are parsed in the Hermes `<tool_call>{...}</tool_call>` format. An assistant mes
 same format for such templates, so a call parsed out of sampled text renders to the text
 that was sampled; templates with tool support get `tool_calls` themselves, with
 `arguments` as a dict where the template serialises or walks it.
+
+A harness may ask for another call format instead (`ToolFormat`, e.g. "xml"): it tells the
+model the tools and the format in the system prompt (`with_tool_prompt`), sends no `tools`,
+and reads the calls out of the reply's text (`parse_tool_calls(text, format)`). Those calls
+stay in the assistant message's text, never in its `tool_calls`, so its history renders as
+it was sampled with any template.
 """
 
 from __future__ import annotations
@@ -20,9 +26,9 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from reinforge.types import Message
 
@@ -35,10 +41,16 @@ _DUMMY: list[Message] = [
     {"role": "user", "content": "u"},
     {"role": "assistant", "content": "a"},
 ]
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 # A template that writes `arguments | tojson` or walks `arguments | items` wants a dict
 # (Hugging Face's convention); one that pastes `arguments` as is wants OpenAI's string.
 _DICT_ARGUMENTS = re.compile(r"arguments['\"\]]*\s*\|\s*(?:tojson|items|dictsort)")
+
+
+ToolFormat = Literal["hermes", "xml"]
+"""How the model writes a tool call. "hermes": a `<tool_call>` block holding
+`{"name": ..., "arguments": {...}}`, what templates with tool support teach and what the
+server turns into `tool_calls`. "xml": Qwen3-Coder's style, `<function=NAME>` holding one
+`<parameter=ARGUMENT>value</parameter>` block per argument, each value plain text."""
 
 
 class TemplateError(ValueError):
@@ -101,11 +113,7 @@ class ChatFormat:
     def _with_tools(self, messages: list[Message], tools: Sequence[dict] | None) -> list[Message]:
         if not tools or self.native_tools:
             return messages
-        block = tool_system_prompt(tools)
-        if messages and messages[0].get("role") == "system":
-            first = {**messages[0], "content": f"{messages[0]['content']}\n\n{block}"}
-            return [first, *messages[1:]]
-        return [{"role": "system", "content": block}, *messages]
+        return with_tool_prompt(messages, tools)
 
     def _render(self, messages: list[Message], add_generation_prompt: bool = False) -> str:
         prepared = [self._template_message(m) for m in messages]
@@ -135,23 +143,98 @@ class ChatFormat:
         return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
 
 
-def tool_system_prompt(tools: Sequence[dict]) -> str:
+@dataclass(frozen=True)
+class _Markup:
+    """How one `ToolFormat` writes a call, reads one back, and is taught."""
+
+    block: re.Pattern[str]
+    """One call; its group 1 is what `read` takes and an error quotes."""
+    opening: str
+    """What begins a call, so that a call left open is told apart from plain text."""
+    unclosed: str
+    """The error for a call left open."""
+    read: Callable[[str], tuple[Any, Any]]
+    """(name, arguments) of one call; raises ValueError, KeyError or TypeError."""
+    example: str
+    """A call as the system prompt shows it."""
+
+
+def _read_hermes(block: str) -> tuple[Any, Any]:
+    payload = json.loads(block)
+    return payload["name"], payload.get("arguments", {})
+
+
+_XML_FUNCTION = re.compile(r"<function=([\w.-]+)>(.*)</function>", re.DOTALL)
+_XML_PARAMETER = re.compile(r"<parameter=([\w.-]+)>(.*?)</parameter>", re.DOTALL)
+
+
+def _read_xml(block: str) -> tuple[Any, Any]:
+    """Values stay text (less the newline after the opening tag and before the closing
+    one); the tool's argument types read numbers and booleans from it."""
+    function = _XML_FUNCTION.fullmatch(block)
+    if function is None:
+        raise ValueError("expected <function=NAME> with <parameter=ARGUMENT> blocks")
+    name, body = function.groups()
+    arguments: dict[str, str] = {}
+    for key, value in _XML_PARAMETER.findall(body):
+        if key in arguments:
+            raise ValueError(f"parameter {key!r} is given twice")
+        arguments[key] = value.removeprefix("\n").removesuffix("\n")
+    if _XML_PARAMETER.sub("", body).strip():
+        raise ValueError("text outside the <parameter=ARGUMENT>...</parameter> blocks")
+    return name, arguments
+
+
+_MARKUPS: dict[ToolFormat, _Markup] = {
+    "hermes": _Markup(
+        block=re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL),
+        opening="<tool_call>",
+        unclosed="a <tool_call> block was not closed with </tool_call>",
+        read=_read_hermes,
+        example='<tool_call>\n{"name": "<tool name>", "arguments": {<arguments as JSON>}}\n'
+        "</tool_call>",
+    ),
+    "xml": _Markup(
+        block=re.compile(r"(<function=.*?</function>)", re.DOTALL),
+        opening="<function=",
+        unclosed="a <function=NAME> block was not closed with </function>",
+        read=_read_xml,
+        example="<function=TOOL_NAME>\n<parameter=ARGUMENT_NAME>\nvalue\n</parameter>\n"
+        "</function>\nwith one parameter block per argument.",
+    ),
+}
+
+
+def tool_system_prompt(tools: Sequence[dict], format: ToolFormat = "hermes") -> str:
     schemas = "\n".join(json.dumps(tool, separators=(",", ":")) for tool in tools)
     return (
         "You may call tools. Their JSON schemas:\n<tools>\n"
         f"{schemas}\n</tools>\n"
-        "To call one, write:\n<tool_call>\n"
-        '{"name": "<tool name>", "arguments": {<arguments as JSON>}}\n</tool_call>'
+        f"To call one, write:\n{_MARKUPS[format].example}"
     )
 
 
-def parse_tool_calls(text: str) -> ParsedToolCalls:
+def with_tool_prompt(
+    messages: list[Message], tools: Sequence[dict], format: ToolFormat = "hermes"
+) -> list[Message]:
+    """`messages` with the tools and how to call them after their system prompt, or as one."""
+    block = tool_system_prompt(tools, format)
+    if messages and messages[0].get("role") == "system":
+        first = {**messages[0], "content": f"{messages[0]['content']}\n\n{block}"}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": block}, *messages]
+
+
+def parse_tool_calls(text: str, format: ToolFormat = "hermes") -> ParsedToolCalls:
+    """The calls written in `format` in a reply's text; a malformed one is an error the
+    model is told, not a call."""
+    markup = _MARKUPS[format]
+    blocks = markup.block.findall(text)
     calls: list[dict[str, Any]] = []
     errors: list[str] = []
-    for block in _TOOL_CALL.findall(text):
+    for block in blocks:
         try:
-            payload = json.loads(block)
-            name, arguments = payload["name"], payload.get("arguments", {})
+            name, arguments = markup.read(block)
             if not isinstance(name, str) or not isinstance(arguments, dict):
                 raise TypeError("name must be a string and arguments an object")
         except (ValueError, KeyError, TypeError) as error:
@@ -164,10 +247,9 @@ def parse_tool_calls(text: str) -> ParsedToolCalls:
                 "function": {"name": name, "arguments": _json(arguments)},
             }
         )
-    unclosed = text.count("<tool_call>") - len(_TOOL_CALL.findall(text))
-    if unclosed > 0:
-        errors.append("a <tool_call> block was not closed with </tool_call>")
-    content = _TOOL_CALL.sub("", text).strip() if calls else text
+    if text.count(markup.opening) > len(blocks):
+        errors.append(markup.unclosed)
+    content = markup.block.sub("", text).strip() if calls else text
     return ParsedToolCalls(content=content, tool_calls=calls, errors=errors)
 
 

@@ -102,9 +102,7 @@ async def _rollout(
         try:
             episode = env.new_episode(task)
             if variant is not None:  # the harness's wording, not the environment's
-                episode.messages = variant.messages(episode.messages)
-                episode.tools = variant.tools(list(env.harness.tools))
-                trajectory.tools = [t.schema for t in episode.tools] or None
+                trajectory.tools = variant.apply(episode, list(env.harness.tools))
             if level is not None:  # told by the harness, not by the environment
                 episode.level = level
                 episode.messages = level.tell(episode.messages)
