@@ -58,7 +58,10 @@ def git(repo, *args: str) -> None:
     subprocess.run(["git", *identity, *args], cwd=repo, check=True, capture_output=True)
 
 
-async def test_the_git_history_exploit_takes_a_solution_left_in_the_reflog(tmp_path):
+def test_a_solution_in_the_git_history_does_not_reach_the_agent(tmp_path):
+    """The task's repository has the fix in an earlier commit and in the reflog. On the
+    repository as the task ships it the git-history exploit takes the fix; in the sandbox
+    the repository holds the base commit only, and the exploit scores 0."""
     task = tmp_path / "history"
     app = task / "environment" / "app"
     app.mkdir(parents=True)
@@ -75,18 +78,27 @@ async def test_the_git_history_exploit_takes_a_solution_left_in_the_reflog(tmp_p
         "echo 0 > /logs/verifier/reward.txt\n"
     )
     git(app, "init", "-q")
-    (app / "calc.py").write_text("def add(a, b): return a - b\n")
-    git(app, "add", "calc.py")
-    git(app, "commit", "-qm", "the task")
     (app / "calc.py").write_text("def add(a, b): return a + b\n")
+    git(app, "add", "calc.py")
+    git(app, "commit", "-qm", "working")
+    (app / "calc.py").write_text("def add(a, b): return a - b\n")
+    git(app, "commit", "-qam", "the task")
+    (app / "calc.py").write_text("def add(a, b): return b + a\n")
     git(app, "commit", "-qam", "the fix")
-    git(app, "reset", "-q", "--hard", "HEAD~1")  # the fix is only in the reflog now
+    git(app, "reset", "-q", "--hard", "HEAD~1")  # this fix is only in the reflog now
 
     (exploit,) = [e for e in EXPLOITS if e.name == "git-history"]
-    report = await audit(load_environment(task), [exploit], 1, RolloutConfig(concurrency=3))
-    assert (report.oracle.mean, report.nop.mean) == (1.0, 0.0)
-    assert report.exploits[0].rewards == {"history": 1.0}
-    assert [e.name for e in report.hacked] == ["git-history"]
+    shipped = tmp_path / "shipped"
+    shutil.copytree(app, shipped)
+    subprocess.run(["bash", "-c", exploit.script], cwd=shipped, check=True, capture_output=True)
+    assert "a - b" not in (shipped / "calc.py").read_text()
+
+    out = tmp_path / "audit.json"
+    result = reinforge("audit", str(task), "--exploit", "git-history", "--json", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(out.read_text())
+    assert report["hacked"] == 0 and report["exploits"][0]["errors"] == 0
+    assert (report["oracle_mean"], report["nop_mean"]) == (1.0, 0.0)
 
 
 async def test_lowered_limits_hack_a_task_whose_tests_run_the_candidate_as_root(tmp_path):
@@ -106,6 +118,17 @@ async def test_lowered_limits_hack_a_task_whose_tests_run_the_candidate_as_root(
     defended = await audit(load_environment(bundled), [exploit], 1, config)
     assert (defended.oracle.mean, defended.nop.mean) == (1.0, 0.0)
     assert defended.hacked == [] and defended.exploits[0].rewards == {"fix-median-bug": 0.0}
+
+
+async def test_a_full_disk_leaves_test_sh_room_for_a_plain_0():
+    """The candidate fills the verifier's disk; /logs/verifier has a disk of its own, so
+    test.sh still writes its 0 and the rollout is graded, not an error."""
+    (exploit,) = [e for e in EXPLOITS if e.name == "fill-disk"]
+    env = load_environment(TASKS / "fix-median-bug")
+    report = await audit(env, [exploit], 1, RolloutConfig(concurrency=3))
+    assert (report.oracle.mean, report.nop.mean) == (1.0, 0.0)
+    assert report.exploits[0].errors == {}
+    assert report.exploits[0].rewards == {"fix-median-bug": 0.0}
 
 
 def test_audit_usage_errors(capsys):

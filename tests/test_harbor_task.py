@@ -130,6 +130,80 @@ def test_the_environment_tar_places_copies_where_docker_would(tmp_path):
     }
 
 
+def git(repo: Path, *args: str) -> str:
+    identity = ("-c", "user.name=t", "-c", "user.email=t@example.invalid")
+    done = subprocess.run(
+        ["git", *identity, *args], cwd=repo, check=True, capture_output=True, text=True
+    )
+    return done.stdout.strip()
+
+
+def history_repo(repo: Path) -> str:
+    """A repository whose history holds the fix everywhere but in HEAD: an earlier commit,
+    the reflog, a tag, a branch, a stash, a dangling blob. Returns HEAD's hash."""
+    repo.mkdir(parents=True)
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "calc.py").write_text("def add(a, b): return a + b\n")
+    git(repo, "add", "calc.py")
+    git(repo, "commit", "-qm", "working")
+    (repo / "calc.py").write_text("def add(a, b): return a - b\n")
+    git(repo, "commit", "-qam", "the task")
+    base = git(repo, "rev-parse", "HEAD")
+    (repo / "calc.py").write_text("def add(a, b): return b + a\n")
+    git(repo, "commit", "-qam", "the fix")
+    git(repo, "tag", "fixed")
+    git(repo, "branch", "solution")
+    git(repo, "reset", "-q", "--hard", base)
+    git(repo, "gc", "-q")
+    (repo / "calc.py").write_text("def add(a, b): return a + b  # stashed\n")
+    git(repo, "stash", "-q")
+    subprocess.run(
+        ["git", "hash-object", "-w", "--stdin"], cwd=repo, input=b"fix", capture_output=True
+    )
+    (repo / "notes.txt").write_text("untracked\n")
+    return base
+
+
+def test_a_shipped_git_repository_keeps_its_base_commit_and_nothing_else(tmp_path):
+    path = make_task(
+        tmp_path,
+        dockerfile="FROM x\nWORKDIR /app\nCOPY repo .\nCOPY other/.git /tmp/other/.git\n",
+    )
+    repo = path / "environment" / "repo"
+    base = history_repo(repo)
+    history_repo(path / "environment" / "other")
+    out = tmp_path / "sandbox"
+    with tarfile.open(fileobj=io.BytesIO(load_task(path).environment_tar())) as tar:
+        tar.extractall(out, filter="data")
+    app = out / "app"
+    assert git(app, "log", "--all", "--format=%H") == base
+    assert git(app, "rev-parse", "HEAD^{tree}") == git(repo, "rev-parse", "HEAD^{tree}")
+    assert git(app, "for-each-ref", "--format=%(refname)") == "refs/heads/main"
+    assert git(app, "symbolic-ref", "HEAD") == "refs/heads/main"
+    assert git(app, "reflog") == "" and git(app, "stash", "list") == ""
+    objects = git(app, "cat-file", "--batch-all-objects", "--batch-check=%(objectname)")
+    names = git(repo, "rev-list", "--objects", "--no-walk", base).split("\n")
+    assert sorted(objects.split()) == sorted(line.split()[0] for line in names)
+    assert git(app, "status", "--porcelain") == "?? notes.txt"
+    git(app, "fsck", "--strict")
+    assert git(out / "tmp" / "other", "rev-list", "--all").count("\n") == 0
+
+
+def test_a_shipped_repository_without_commits_stays_empty(tmp_path):
+    path = make_task(tmp_path, dockerfile="FROM x\nWORKDIR /app\nCOPY repo .\n")
+    repo = path / "environment" / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "trunk")
+    (repo / "a.py").write_text("a = 1\n")
+    out = tmp_path / "sandbox"
+    with tarfile.open(fileobj=io.BytesIO(load_task(path).environment_tar())) as tar:
+        tar.extractall(out, filter="data")
+    assert (
+        git(out / "app", "status", "--porcelain", "--branch")
+        == "## No commits yet on trunk\n?? a.py"
+    )
+
+
 def test_reward_files():
     assert parse_reward(b"0.75\n", None) == (0.75, {})
     assert parse_reward(None, b"1") == (1.0, {})

@@ -25,6 +25,7 @@ from reinforge.envs.hacks import hack_flags
 from reinforge.envs.harbor_task import HarborTask, find_tasks
 from reinforge.envs.harbor_verify import (
     LOGS_DIR,
+    LOGS_DISK_BYTES,
     TESTS_DIR,
     VerifierError,
     filter_workspace,
@@ -172,7 +173,7 @@ class HarborEnvironment(Environment):
         """The sandbox the task asks for in task.toml and its Dockerfile."""
         resources = task.config.environment
         internet = self.allow_internet and resources.allow_internet and not verifier
-        writable: tuple[str, ...] = (TESTS_DIR, LOGS_DIR) if verifier else ()
+        writable: tuple[str, ...] = (TESTS_DIR,) if verifier else ()
         if not verifier and self.agent == "oracle":
             writable = (SOLUTION_DIR,)
         return SandboxSpec(
@@ -183,6 +184,7 @@ class HarborEnvironment(Environment):
             workdir=task.plan.workdir,
             env={} if verifier else dict(task.plan.env),
             writable_dirs=writable,
+            own_disks={LOGS_DIR: LOGS_DISK_BYTES} if verifier else {},
         )
 
     # ---------------------------------------------------------------- episode

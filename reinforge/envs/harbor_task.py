@@ -11,14 +11,20 @@ On the local backend there is no image build: a Dockerfile made only of FROM (th
 system stands in for the named image), WORKDIR, COPY/ADD of local files and ENV is
 replayed onto a fresh sandbox. Any other instruction needs Docker, and the task is
 skipped with a one-line reason.
+
+A git repository the environment copies reaches the sandbox with its base commit only
+(`add_base_commit`): its history may hold the solution.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import shlex
+import subprocess
 import tarfile
+import tempfile
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -34,6 +40,10 @@ cannot be a sandbox workdir)."""
 LOCAL_INSTRUCTIONS = frozenset({"FROM", "WORKDIR", "COPY", "ADD", "ENV"})
 WRITABLE_TOPS = ("tmp", "root", "var")
 """Top-level directories the local host view always makes writable (besides the workdir)."""
+GIT_DIR = ".git"
+GIT_CONFIG_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+"""git rebuilding a task's repository on the host reads no system or user config: the
+result must not depend on the host's."""
 
 
 class _Section(BaseModel):
@@ -150,15 +160,74 @@ def _add_copy(tar: tarfile.TarFile, context: Path, source: str, copy: Copy) -> N
     if not src.is_relative_to(context) or not src.exists():
         raise UsageError(f"COPY {source}: not a file of the build context {context}")
     dest = PurePosixPath(copy.workdir) / copy.dest
+    if src.is_dir() and src.name == GIT_DIR:
+        add_base_commit(tar, src, dest)
+        return
     if src.is_dir():
         for child in sorted(src.rglob("*")):
-            if child.is_file():
-                tar.add(child, arcname=str(dest / child.relative_to(src)).lstrip("/"))
+            inside = child.relative_to(src)
+            if GIT_DIR in inside.parts[:-1]:
+                continue  # a repository's own files: `add_base_commit` writes new ones
+            if child.name == GIT_DIR and child.is_dir():
+                add_base_commit(tar, child, dest / inside)
+            elif child.is_file():
+                tar.add(child, arcname=str(dest / inside).lstrip("/"))
         return
     # Docker: a destination ending in / or . (or several sources) is a directory.
     is_dir = copy.dest.endswith(("/", "/.")) or copy.dest == "." or len(copy.sources) > 1
     target = dest / src.name if is_dir else dest
     tar.add(src, arcname=str(target).lstrip("/"))
+
+
+def add_base_commit(tar: tarfile.TarFile, git_dir: Path, dest: PurePosixPath) -> None:
+    """Add, at `dest`, the repository of `git_dir` reduced to its base commit (see
+    `base_commit_repository`), in place of its own files."""
+    with tempfile.TemporaryDirectory() as tmp:
+        new = Path(tmp) / GIT_DIR
+        base_commit_repository(git_dir, new)
+        tar.add(new, arcname=str(dest).lstrip("/"))
+
+
+def base_commit_repository(old: Path, new: Path) -> None:
+    """Write at `new` a git directory that holds only `old`'s base commit: HEAD's commit
+    object and tree, as a shallow root (its parents are not there), HEAD's branch pointing
+    at it, an index of its tree and a fresh config. History, the reflog, stashes, tags,
+    other refs, packed and dangling objects stay behind: any of them may hold the solution.
+    HEAD's hash and tree are unchanged, so `git diff` and `git checkout BASE -- PATH` work
+    as before. A repository whose HEAD has no commit yet becomes an empty one."""
+    object_format = _git(old, "rev-parse", "--show-object-format").decode().strip()
+    _git(new, "init", "-q", "--template=", f"--object-format={object_format}")
+    branch = _git(old, "symbolic-ref", "-q", "HEAD", check=False).decode().strip()
+    if branch:
+        _git(new, "symbolic-ref", "HEAD", branch)
+    base = _git(old, "rev-parse", "-q", "--verify", "HEAD^{commit}", check=False).decode().strip()
+    if not base:
+        return
+    objects = _git(old, "rev-list", "--objects", "--no-walk", base)
+    pack = _git(old, "pack-objects", "--stdout", "-q", stdin=objects)
+    _git(new, "index-pack", "--stdin", stdin=pack)
+    if b"\nparent " in _git(new, "cat-file", "commit", base):
+        (new / "shallow").write_text(base + "\n")
+    if branch:
+        _git(new, "update-ref", branch, base)
+    else:
+        _git(new, "update-ref", "--no-deref", "HEAD", base)
+    _git(new, "read-tree", base)
+
+
+def _git(git_dir: Path, *args: str, stdin: bytes = b"", check: bool = True) -> bytes:
+    """Plumbing on one repository: `--git-dir` (no discovery, no work tree, no hook), none
+    of the caller's GIT_* variables, no reflog written."""
+    command = ["git", "-c", "core.logAllRefUpdates=false", f"--git-dir={git_dir}", *args]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")} | GIT_CONFIG_ENV
+    try:
+        done = subprocess.run(command, input=stdin, capture_output=True, env=env)
+    except FileNotFoundError as error:
+        raise UsageError(f"{git_dir}: a task's git repository needs git on the host") from error
+    if check and done.returncode != 0:
+        reason = done.stderr.decode(errors="replace").strip()[-500:]
+        raise UsageError(f"{git_dir}: git {args[0]} failed: {reason}")
+    return done.stdout
 
 
 def parse_dockerfile(text: str) -> ImagePlan:

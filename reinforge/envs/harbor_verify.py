@@ -5,7 +5,8 @@ agent phase every process in it is killed and its workspace is copied out as a t
 sandbox is then destroyed. The verifier runs in a *fresh* sandbox with the network off:
 the agent's workspace (filtered: nothing outside the workdir, no links out of it), then
 `tests/` from the pristine task directory at `/tests`, a path the agent never had, and an
-empty `/logs/verifier` created by the host only now. Only the workspace crosses over, so
+empty `/logs/verifier` created by the host only now, on a small disk of its own (a full
+disk cannot stop `test.sh` from writing its reward). Only the workspace crosses over, so
 whatever the agent planted elsewhere (a fake `python3`, sitecustomize or `.pth` files in
 site-packages or ~/.local, daemons, a pre-written reward) is gone. What is left in the
 workspace is neutralised where a pytest- or python-based verifier would pick it up; see
@@ -32,6 +33,9 @@ from reinforge.sandbox.protocol import DEFAULT_PATH, Sandbox, SandboxProvider, S
 
 TESTS_DIR = "/tests"
 LOGS_DIR = "/logs/verifier"
+LOGS_DISK_BYTES = 16 << 20
+"""The size of `/logs/verifier`'s own disk: a candidate that fills the verifier's shared
+disk leaves `test.sh` this room for its reward (and its logs)."""
 MAX_WORKSPACE_BYTES = 256 << 20
 
 QUIESCE = (
@@ -218,9 +222,7 @@ async def run_verifier(
     try:
         workdir = spec.workdir
         await sandbox.upload_tar(workspace_tar, str(PurePosixPath(workdir).parent))
-        setup = await sandbox.exec(
-            f"{neutralise_script(workdir, shipped)}; mkdir -p {LOGS_DIR}", timeout=60
-        )
+        setup = await sandbox.exec(neutralise_script(workdir, shipped), timeout=60)
         if not setup.ok:
             raise VerifierError(f"verifier setup failed: {setup.stderr[-500:]!r}")
         await sandbox.upload_tar(tests_tar(tests_dir), TESTS_DIR)

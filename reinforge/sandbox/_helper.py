@@ -333,6 +333,12 @@ def setup(cfg):
     if not cfg["rootfs"]:
         check(libc.umount2(b"/.rw", MNT_DETACH), "umount staging")
         os.rmdir("/.rw")
+    # While the root is still writable (for the mount points) and pid 1 may mount: once
+    # the capabilities are gone, nothing inside can unmount, move or remove these.
+    for path, size in cfg["own_disks"].items():
+        os.makedirs(path, exist_ok=True)
+        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=755")
+    if not cfg["rootfs"]:
         mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     if cfg["drop_caps"]:
         drop_capabilities()

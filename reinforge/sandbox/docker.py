@@ -69,6 +69,8 @@ def run_args(spec: SandboxSpec, image: str, name: str, owner: str) -> list[str]:
         args += ["--tmpfs", f"{path}:rw,size={spec.disk_bytes},mode={mode}"]
     for path in (p for p in spec.writable_dirs if p not in WRITABLE_DIRS):
         args += ["--tmpfs", f"{path}:rw,size={spec.disk_bytes},mode=755"]
+    for path, size in spec.own_disks.items():
+        args += ["--tmpfs", f"{path}:rw,size={size},mode=755"]
     if spec.memory_bytes is not None:
         args += ["--memory", f"{spec.memory_bytes}b", "--memory-swap", f"{spec.memory_bytes}b"]
     if spec.pids is not None:

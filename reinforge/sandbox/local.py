@@ -65,7 +65,7 @@ SECCOMP_DENY = (
 
 
 def _check_workdir(spec: SandboxSpec) -> None:
-    for workdir in (spec.workdir, *spec.writable_dirs):
+    for workdir in (spec.workdir, *spec.writable_dirs, *spec.own_disks):
         top = workdir.strip("/").split("/")[0]
         if not workdir.startswith("/") or ".." in workdir.split("/") or not top:
             raise SandboxError(f"workdir must be an absolute path below /: {workdir!r}")
@@ -177,6 +177,7 @@ class LocalProvider:
             "disk_bytes": spec.disk_bytes,
             "workdir": spec.workdir,
             "writable_dirs": list(spec.writable_dirs),
+            "own_disks": dict(spec.own_disks),
             "hostname": spec.hostname,
             "drop_caps": True,
             "seccomp": list(SECCOMP_DENY) if spec.seccomp else [],

@@ -72,7 +72,12 @@ class SandboxSpec:
     workdir: str = "/workspace"
     writable_dirs: tuple[str, ...] = ()
     """More writable directories besides the workdir, in the same `disk_bytes` budget: a
-    Harbor task's verifier needs `/tests` and `/logs` beside its workdir."""
+    Harbor task's verifier needs `/tests` beside its workdir."""
+    own_disks: Mapping[str, int] = field(default_factory=dict)
+    """Writable directories with a disk of their own: a tmpfs of this many bytes each,
+    outside `disk_bytes`, so filling the shared disk leaves them room. A Harbor verifier's
+    `/logs/verifier` is one: a candidate that fills the disk cannot stop `test.sh` from
+    writing its reward."""
     env: Mapping[str, str] = field(default_factory=dict)
     hostname: str = "sandbox"
     seccomp: bool = False  # deny-list of kernel-attack-surface syscalls (see docs)

@@ -29,3 +29,28 @@ def test_docker_gets_a_tmpfs_for_each():
     mounts = [args[i + 1] for i, a in enumerate(args) if a == "--tmpfs"]
     assert any(m.startswith("/tests:rw") for m in mounts)
     assert sum(m.startswith("/tmp:") for m in mounts) == 1
+
+
+async def test_an_own_disk_keeps_room_when_the_shared_disk_is_full(provider: LocalProvider):
+    spec = SandboxSpec(
+        workdir="/app",
+        writable_dirs=("/tests",),
+        disk_bytes=8 << 20,
+        own_disks={"/logs/v": 1 << 20},
+    )
+    async with await provider.create(spec) as sandbox:
+        full = await sandbox.exec("dd if=/dev/zero of=/tmp/fill bs=1M; echo 0 > /logs/v/reward")
+        assert b"No space left" in full.stderr and full.exit_code == 0, full.stderr
+        assert await sandbox.read_files(["/logs/v/reward"]) == {"/logs/v/reward": b"0\n"}
+        # Its own size, not the shared one; and root inside cannot take it away.
+        over = await sandbox.exec("dd if=/dev/zero of=/logs/v/big bs=1M count=2")
+        assert b"No space left" in over.stderr
+        for move in ("umount /logs/v", "rm -rf /logs/v", "mv /logs/v /logs/w", "touch /logs/x"):
+            assert (await sandbox.exec(move)).exit_code != 0, move
+        mounted = await sandbox.exec("grep -c ' /logs/v ' /proc/self/mountinfo")
+        assert mounted.stdout == b"1\n"
+
+
+def test_docker_gives_an_own_disk_its_own_size():
+    args = run_args(SandboxSpec(own_disks={"/logs/verifier": 1 << 20}), "img", "n", "o")
+    assert "/logs/verifier:rw,size=1048576,mode=755" in args
