@@ -32,7 +32,9 @@ from reinforge.orchestrate.engines import RemoteEngine
 from reinforge.policy.config import EngineConfig
 from reinforge.policy.engine import Engine
 from reinforge.policy.models import load_model
+from reinforge.train.config import OptimConfig, TrainerConfig
 from reinforge.train.trainable import full_weights
+from reinforge.train.trainer import Trainer
 
 
 @dataclass
@@ -61,6 +63,7 @@ async def measure(
     model_name: str, trainer_model: PreTrainedModel, rounds: int, counts: list[int], runs: Path
 ) -> dict[str, Kind]:
     sampler, tokenizer = load_model(model_name, "bfloat16")
+    trainer = Trainer(trainer_model, TrainerConfig(), OptimConfig(), total_steps=1)
     copy = Engine(sampler, tokenizer, model_name, EngineConfig(dtype="bfloat16"))
     kinds = {"in_process_bf16_copy": Kind(engines=1)}
     remotes: dict[str, RemoteEngine] = {}
@@ -77,7 +80,7 @@ async def measure(
                 ],  # fmt: skip
             )
             name = f"serve_x{count}_file_handoff"
-            remotes[name] = await RemoteEngine.start(config, trainer_model, 0)
+            remotes[name] = await RemoteEngine.start(config, trainer, 0)
             kinds[name] = Kind(engines=count)
         for version in range(1, rounds + 1):
             started = time.perf_counter()
@@ -89,7 +92,7 @@ async def measure(
             kinds["in_process_bf16_copy"].bytes = moved
             for name, remote in remotes.items():
                 started = time.perf_counter()
-                moved, write_s = remote.push(trainer_model, version)
+                moved, _, write_s = remote.push(trainer, version)
                 kinds[name].seconds.append(time.perf_counter() - started)
                 kinds[name].write_s.append(write_s)
                 kinds[name].bytes = moved

@@ -18,7 +18,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from reinforge.envs.config import EnvConfig
 from reinforge.errors import ConfigError, UsageError, first_problem
-from reinforge.orchestrate.config import LoopConfig, RunConfig
+from reinforge.orchestrate.config import ClusterConfig, LoopConfig, RunConfig
 from reinforge.policy.config import EngineConfig, ModelConfig, ServerConfig
 from reinforge.rollout.config import RolloutConfig, TrainRolloutConfig
 from reinforge.train.config import OptimConfig, SFTConfig, TrainerConfig
@@ -38,6 +38,7 @@ class Config(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     loop: LoopConfig = Field(default_factory=LoopConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     distill: DistillConfig | None = None
     """On-policy distillation: teachers score the student's sampled tokens, and the
     negative reverse KL joins each token's advantage; None: off. docs/recipes.md."""

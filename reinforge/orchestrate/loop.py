@@ -30,11 +30,10 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 
-from transformers import PreTrainedModel
-
 from reinforge.config import Config
 from reinforge.envs.registry import load_configured
 from reinforge.errors import UsageError
+from reinforge.orchestrate.cluster import open_cluster, open_trainer
 from reinforge.orchestrate.engines import open_engine
 from reinforge.orchestrate.metrics import StepMetrics, StepTime, step_metrics
 from reinforge.orchestrate.record import RunRecorder
@@ -42,12 +41,10 @@ from reinforge.orchestrate.rollouts import Finished, RolloutSide
 from reinforge.orchestrate.supervisor import Supervisor
 from reinforge.orchestrate.teachers import Teachers
 from reinforge.orchestrate.trackers import check_installed
-from reinforge.policy.models import load_model
+from reinforge.policy.models import load_tokenizer
 from reinforge.rollout.summary import summarize
 from reinforge.train.checkpoints import latest_checkpoint, load_trainer_state
-from reinforge.train.sharded import require_one_process
-from reinforge.train.trainable import is_adapter, load_trainable
-from reinforge.train.trainer import Trainer, select_for_training
+from reinforge.train.trainer import select_for_training
 
 
 async def train(
@@ -55,25 +52,16 @@ async def train(
 ) -> Path:
     """Run `config.run.steps` steps, or what is left of them after the last checkpoint;
     returns the run directory."""
-    require_one_process(config.trainer)
     check_installed(config.run)
     env = load_configured(config.env)
     checkpoint = latest_checkpoint(config.run_dir) if resume else None
     if resume and checkpoint is None:
         raise UsageError(f"nothing to resume: no checkpoint in {config.run_dir}")
-    model, tokenizer = load_trainable(config.model.name, config.trainer, checkpoint)
-    trainer = Trainer(
-        model,
-        config.trainer.for_budget(env.harness.max_sampled_tokens),
-        config.optim,
-        total_steps=config.run.steps,
-        reference=_reference(config, model),
-    )
+    tokenizer = load_tokenizer(config.model.name)
     start_step, version = 0, 0
     position = RolloutSide.start_position(0)
     if checkpoint is not None:
         state = load_trainer_state(checkpoint)
-        trainer.load_state_dict(state)
         start_step, version = state["step"], state["policy_version"]
         if start_step >= config.run.steps:
             raise UsageError(
@@ -83,11 +71,15 @@ async def train(
         position = state.get("loop", RolloutSide.start_position(start_step))
     async with AsyncExitStack() as closing:  # whatever happens, in reverse order
         closing.push_async_callback(env.aclose)
+        # first: a directory holding another run is refused before anything loads
+        recorder = closing.enter_context(RunRecorder(config, tokenizer, start_step))
         teachers = await Teachers.open(config, tokenizer, env.name)
         closing.push_async_callback(teachers.aclose)
-        # before the engines start: a directory holding another run is refused at once
-        recorder = closing.enter_context(RunRecorder(config, tokenizer, start_step))
-        engine = await open_engine(config, model, tokenizer, version)
+        cluster = closing.enter_context(open_cluster(config))
+        budget = config.trainer.for_budget(env.harness.max_sampled_tokens)
+        trainer = open_trainer(config, budget, cluster, checkpoint)
+        closing.callback(trainer.close)
+        engine = await open_engine(config, trainer, tokenizer, version, cluster.engines)
         closing.push_async_callback(engine.aclose)
         supervisor = Supervisor(engine, config.rollout.engine_restarts)
         watching = asyncio.create_task(supervisor.watch())
@@ -189,12 +181,3 @@ async def _collect(
             continue
         kept.append(finished)
     return kept, dropped
-
-
-def _reference(config: Config, model: PreTrainedModel) -> PreTrainedModel | None:
-    """The frozen start point of the KL term: the configured model, not a resumed checkpoint.
-    A LoRA model needs none (its base is the reference)."""
-    if not config.trainer.algorithm.loss.needs_reference or is_adapter(model):
-        return None
-    reference, _ = load_model(config.model.name, "float32")
-    return reference.requires_grad_(False)

@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerBase
 from reinforge.config import Config
 from reinforge.orchestrate.trackers import Trackers
 from reinforge.train.checkpoints import open_run, write_checkpoint
-from reinforge.train.trainer import Trainer
+from reinforge.train.trainer import PolicyTrainer
 from reinforge.types import Group, Record
 
 
@@ -44,7 +44,7 @@ class RunRecorder:
         self,
         step: int,
         metrics: Record,
-        trainer: Trainer,
+        trainer: PolicyTrainer,
         state: dict[str, Any],
         groups: list[Group] | None = None,
     ) -> None:
@@ -63,7 +63,7 @@ class RunRecorder:
         self._trackers.log(step, metrics)
         if step % self.config.run.checkpoint_every == 0 or step == self.config.run.steps:
             state = {"step": step, **state, **trainer.state_dict()}
-            write_checkpoint(self.directory, step, trainer.model, self.tokenizer, state)
+            write_checkpoint(self.directory, step, trainer.save_model, self.tokenizer, state)
 
     def close(self) -> None:
         self._metrics.close()

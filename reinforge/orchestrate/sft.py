@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 
 import torch
 
 from reinforge.config import Config
 from reinforge.errors import UsageError
+from reinforge.orchestrate.cluster import open_cluster, open_trainer
 from reinforge.orchestrate.metrics import SftStepMetrics
 from reinforge.orchestrate.record import RunRecorder
 from reinforge.orchestrate.trackers import check_installed
+from reinforge.policy.models import load_tokenizer
 from reinforge.train.algorithm import PPOClipLoss, SFTLoss
 from reinforge.train.checkpoints import latest_checkpoint, load_trainer_state
 from reinforge.train.sft import Example, schedule, train_batch
-from reinforge.train.sharded import require_one_process
-from reinforge.train.trainable import load_trainable
-from reinforge.train.trainer import Trainer
 
 
 def sft_config(config: Config, examples: int) -> Config:
@@ -54,15 +54,11 @@ def train_sft(
 ) -> Path:
     """Train `config.sft.epochs` epochs over `examples` (config from `sft_config`), or what
     is left of them after the run's last checkpoint; returns the run directory."""
-    require_one_process(config.trainer)
     check_installed(config.run)
     run_dir = config.run_dir
     checkpoint = latest_checkpoint(run_dir) if resume else None
     if resume and checkpoint is None:
         raise UsageError(f"nothing to resume: no checkpoint in {run_dir}")
-    torch.manual_seed(config.run.seed)  # LoRA's initial adapters
-    model, tokenizer = load_trainable(config.model.name, config.trainer, checkpoint)
-    trainer = Trainer(model, config.trainer, config.optim, total_steps=config.run.steps)
     start = 0
     if checkpoint is not None:
         state = load_trainer_state(checkpoint)
@@ -71,10 +67,15 @@ def train_sft(
                 f"cannot resume {run_dir}: it trained on {state['examples']} examples, "
                 f"the data now gives {len(examples)}"
             )
-        trainer.load_state_dict(state)
         start = state["step"]
+    torch.manual_seed(config.run.seed)  # LoRA's initial adapters
     steps = schedule(len(examples), config.sft, config.run.seed)
-    with RunRecorder(config, tokenizer, start) as recorder:
+    tokenizer = load_tokenizer(config.model.name)
+    with (
+        RunRecorder(config, tokenizer, start) as recorder,
+        open_cluster(config) as cluster,
+        closing(open_trainer(config, config.trainer, cluster, checkpoint)) as trainer,
+    ):
         for step in range(start, len(steps)):
             epoch, rows = steps[step]
             started = time.perf_counter()

@@ -17,7 +17,7 @@ import sys
 import httpx
 
 from reinforge.errors import UsageError
-from reinforge.orchestrate.engine_processes import EngineProcesses, answers
+from reinforge.orchestrate.engine_processes import EngineLauncher, answers
 from reinforge.orchestrate.engines import EngineGone, PolicyEngine, RemoteEngine
 
 WATCH_S = 0.5
@@ -51,12 +51,12 @@ class Supervisor:
                 await asyncio.sleep(WATCH_S)
 
     async def _check(
-        self, http: httpx.AsyncClient, engine: RemoteEngine, processes: EngineProcesses, index: int
+        self, http: httpx.AsyncClient, engine: RemoteEngine, processes: EngineLauncher, index: int
     ) -> None:
         router, code = engine.router, processes.returncode(index)
         if code is None and index not in router.down and engine.joined(index):
             return  # serving
-        if code is not None or not await answers(http, processes.ports[index]):
+        if code is not None or not await answers(http, engine.urls[index]):
             died = "stopped answering" if code is None else f"exited with code {code}"
             self._count(processes, index, died)
             router.take_down(index)
@@ -68,7 +68,7 @@ class Supervisor:
             return  # gone again: the next look restarts it
         await router.serve_again(index)
 
-    def _count(self, processes: EngineProcesses, index: int, died: str) -> None:
+    def _count(self, processes: EngineLauncher, index: int, died: str) -> None:
         log = processes.log(index)
         if self.restarts == self.limit:
             raise UsageError(

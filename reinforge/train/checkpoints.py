@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from reinforge.errors import UsageError
-from reinforge.train.trainable import save_model
 
 TRAINER_STATE = "trainer_state.pt"
 
@@ -25,17 +25,19 @@ TRAINER_STATE = "trainer_state.pt"
 def write_checkpoint(
     run_dir: Path,
     steps_done: int,
-    model: PreTrainedModel,
+    save_model: Callable[[Path], None],
     tokenizer: PreTrainedTokenizerBase,
     state: dict[str, Any],
 ) -> Path:
-    """`run_dir/checkpoints/step_NNNNN/`: the model in Hugging Face format and `state` (what
-    resuming needs) as trainer_state.pt. Written aside and renamed, so a kill mid-save never
-    leaves a half checkpoint."""
+    """`run_dir/checkpoints/step_NNNNN/`: the model in Hugging Face format, as `save_model`
+    writes it into a folder (a trainer's `save_model`), and `state` (what resuming needs)
+    as trainer_state.pt. Written aside and renamed, so a kill mid-save never leaves a half
+    checkpoint."""
     final = run_dir / "checkpoints" / f"step_{steps_done:05d}"
     staging = final.with_name(f".{final.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
-    save_model(model, staging)
+    staging.mkdir(parents=True)
+    save_model(staging)
     tokenizer.save_pretrained(staging)
     torch.save(state, staging / TRAINER_STATE)
     shutil.rmtree(final, ignore_errors=True)

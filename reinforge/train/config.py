@@ -62,8 +62,8 @@ class TrainerConfig(Section):
     world_size: int = Field(1, ge=1)
     """Processes (ranks) training one model, each holding a shard of its weights, gradients
     and optimizer state (FSDP2) and running its share of each batch's micro-batches; gloo
-    on CPU, NCCL with one GPU per rank. `reinforge train` and `reinforge sft` run 1 so far;
-    see docs/scale.md."""
+    on CPU, NCCL with one GPU per rank. Placed by `cluster`; with more than one, the run's
+    engines are processes too. A checkpoint resumes on any world size (docs/scale.md)."""
     collective_timeout_s: float = Field(600.0, gt=0.0)
     """How long a rank waits in a collective for the others before it fails, so a dead or
     stuck rank ends the run with an error instead of a hang. Long enough for the slowest

@@ -18,18 +18,20 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
 from transformers import PreTrainedModel
 
-from reinforge.errors import UsageError
 from reinforge.policy.models import quiet_progress
 from reinforge.train.batching import TrainBatch
 from reinforge.train.config import OptimConfig, TrainerConfig
 from reinforge.train.logprobs import SelectiveLogprobs
+from reinforge.train.ranks import Ranks
 from reinforge.train.trainable import is_adapter
-from reinforge.train.trainer import Trainer
+from reinforge.train.trainer import Trainer, TrainerSpec, TrainStats, build_trainer
 
 
 class ShardedTrainer(Trainer):
@@ -106,21 +108,103 @@ class ShardedTrainer(Trainer):
     def save_model(self, folder: Path) -> None:
         """The complete model in Hugging Face format in `folder`, gathered to rank 0 and
         written by it alone; every rank must call it, and returns once it is written."""
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        weights: dict[str, Any] = get_model_state_dict(self.model, options=options)
+        weights = self._gathered()
         if self.rank == 0:
             with quiet_progress():
                 self.model.save_pretrained(folder, state_dict=weights)
         dist.barrier()
 
+    def write_weights(self, path: Path) -> None:
+        """The complete weights as one safetensors file for the engines, gathered to rank 0
+        and written by it alone, under the names a one-process trainer writes them."""
+        weights = self._gathered()
+        if self.rank == 0:
+            names = [name for name, _ in self.model.named_parameters()]  # no tied duplicate
+            save_file({name: weights[name].contiguous() for name in names}, path)
+        dist.barrier()
 
-def require_one_process(config: TrainerConfig) -> None:
-    """The RL and SFT loops step one trainer in their own process so far: refuse a sharded
-    config there, naming what does run sharded, rather than train on one rank."""
-    if config.world_size > 1:
-        raise UsageError(
-            f"trainer.world_size = {config.world_size}: reinforge train and reinforge sft "
-            "train in one process so far; sharded training (FSDP2) runs from Python: "
-            "reinforge.train.sharded.ShardedTrainer on ranks that "
-            "reinforge.train.ranks.run_on_ranks starts (docs/scale.md)"
-        )
+    def _gathered(self) -> dict[str, Any]:
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.model, options=options)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a one-process trainer's `state_dict` holds, the optimizer state gathered
+        whole (every rank must call it): a checkpoint resumes on any world size."""
+        state = super().state_dict()
+        optimizer = state["optimizer"]
+        whole = {
+            index: {key: _whole(value) for key, value in entry.items()}
+            for index, entry in optimizer["state"].items()
+        }
+        return {**state, "optimizer": {**optimizer, "state": whole}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A `state_dict` of any world size (1 included): each rank keeps its shard."""
+        optimizer = state["optimizer"]
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        sharded = {
+            index: {key: _shard_like(value, params[index]) for key, value in entry.items()}
+            for index, entry in optimizer["state"].items()
+        }
+        super().load_state_dict({**state, "optimizer": {**optimizer, "state": sharded}})
+
+
+def _whole(value: Any) -> Any:
+    """An optimizer state entry whole: a sharded tensor gathered (a collective), on CPU."""
+    return value.full_tensor().cpu() if isinstance(value, DTensor) else value
+
+
+def _shard_like(value: Any, param: torch.Tensor) -> Any:
+    """This rank's shard of a whole optimizer state entry of `param`, cut as FSDP cut
+    `param`; scalars (Adam's step) whole. Copies, never views: the optimizer updates its
+    state in place, and a state handed between processes may be shared memory (ranks
+    incrementing one shared step would each see the other's steps)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if not isinstance(param, DTensor) or value.shape != param.shape:
+        return value.clone()
+    whole = value.to(param.device, copy=True)
+    return distribute_tensor(whole, param.device_mesh, param.placements, src_data_rank=None)
+
+
+class RankTrainer:
+    """The object each rank holds (`Ranks`' factory): a `ShardedTrainer` that the driving
+    process calls, every rank at once."""
+
+    def __init__(self, rank: int, spec: TrainerSpec) -> None:
+        self.trainer = build_trainer(ShardedTrainer, spec)
+
+    def step(self, batch: TrainBatch) -> TrainStats:
+        return self.trainer.step(batch)
+
+    def write_weights(self, path: Path) -> None:
+        self.trainer.write_weights(path)
+
+    def save_model(self, folder: Path) -> None:
+        self.trainer.save_model(folder)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.trainer.state_dict()
+
+
+class TrainerRanks:
+    """A sharded trainer, driven from the run's process: each call runs on every rank (a
+    round of collectives) and answers with rank 0's result, which is the whole batch's."""
+
+    def __init__(self, ranks: Ranks) -> None:
+        self.ranks = ranks
+
+    def step(self, batch: TrainBatch) -> TrainStats:
+        return self.ranks.call("step", batch)[0]
+
+    def write_weights(self, path: Path) -> None:
+        self.ranks.call("write_weights", path)
+
+    def save_model(self, folder: Path) -> None:
+        self.ranks.call("save_model", folder)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.ranks.call("state_dict")[0]
+
+    def close(self) -> None:
+        self.ranks.stop()

@@ -11,19 +11,29 @@ from __future__ import annotations
 import math
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
 
 import torch
 from pydantic import ConfigDict
+from safetensors.torch import save_file
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from reinforge.policy.models import load_model
 from reinforge.train.batching import TrainBatch, micro_batches
+from reinforge.train.checkpoints import load_trainer_state
 from reinforge.train.config import OptimConfig, TrainerConfig
 from reinforge.train.distill import DistillConfig
 from reinforge.train.logprobs import SelectiveLogprobs
 from reinforge.train.losses import masked_mean
-from reinforge.train.trainable import is_adapter, reference_context
+from reinforge.train.trainable import (
+    full_weights,
+    is_adapter,
+    load_trainable,
+    reference_context,
+    save_model,
+)
 from reinforge.types import Group, Record, Status, Trajectory
 
 
@@ -98,6 +108,21 @@ def _training_reward(trajectory: Trajectory, config: TrainerConfig) -> float:
         return config.truncation_penalty
     assert trajectory.reward is not None  # ok or truncated: scored
     return trajectory.reward
+
+
+class PolicyTrainer(Protocol):
+    """What the loop and the run's checkpoints need of a trainer: the `Trainer` in the
+    run's process, or `TrainerRanks` driving a sharded one in other processes."""
+
+    def step(self, batch: TrainBatch) -> TrainStats: ...
+
+    def write_weights(self, path: Path) -> None: ...
+
+    def save_model(self, folder: Path) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
 
 
 class Trainer:
@@ -211,6 +236,19 @@ class Trainer:
             logp, _ = self._ref_logprobs(part)
         return logp  # (b, t)
 
+    def write_weights(self, path: Path) -> None:
+        """The complete weights (LoRA merged) as one safetensors file, under the plain
+        model's parameter names: what an engine holding its own copy loads."""
+        with full_weights(self.model) as weights:
+            save_file({name: t.detach().contiguous() for name, t in weights.items()}, path)
+
+    def save_model(self, folder: Path) -> None:
+        """The complete model in Hugging Face format (a checkpoint's weights)."""
+        save_model(self.model, folder)
+
+    def close(self) -> None:
+        """Nothing to release in one process; a trainer over ranks stops them here."""
+
     def state_dict(self) -> dict[str, Any]:
         """What resuming needs besides the weights: optimizer, schedule and RNG state."""
         return {
@@ -223,6 +261,35 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["torch_rng"])
+
+
+AnyTrainer = TypeVar("AnyTrainer", bound=Trainer)
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    """What a trainer is built from, in the run's process or on each rank: the model (its
+    spec, or the checkpoint being resumed), its settings, and the run's length."""
+
+    model: str
+    config: TrainerConfig
+    optim: OptimConfig
+    total_steps: int
+    checkpoint: Path | None = None
+
+
+def build_trainer(kind: type[AnyTrainer], spec: TrainerSpec) -> AnyTrainer:
+    """A `kind` trainer of `spec`'s model, resumed from its checkpoint when it names one.
+    The KL reference is the configured model, not a resumed checkpoint; a LoRA model needs
+    none (its base is the reference)."""
+    model, _ = load_trainable(spec.model, spec.config, spec.checkpoint)
+    reference = None
+    if spec.config.algorithm.loss.needs_reference and not is_adapter(model):
+        reference = load_model(spec.model, "float32")[0].requires_grad_(False)
+    trainer = kind(model, spec.config, spec.optim, spec.total_steps, reference)
+    if spec.checkpoint is not None:
+        trainer.load_state_dict(load_trainer_state(spec.checkpoint))
+    return trainer
 
 
 def _schedule(optim: OptimConfig, total_steps: int):  # noqa: ANN202 - a LambdaLR factor

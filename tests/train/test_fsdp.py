@@ -1,28 +1,23 @@
 """The sharded trainer (FSDP2 over gloo, on CPU) against one process on real parts: two
 ranks give the same loss, metrics and updated weights on the same batch, and write one
 Hugging Face checkpoint that loads with world size 1; a stuck or dead rank ends the run with
-an error, not a hang; the loops refuse world_size > 1 until they run sharded."""
+an error, not a hang; a checkpoint of one process resumes on two ranks, and theirs on one."""
 
 from __future__ import annotations
 
-import asyncio
+import copy
 import math
 from pathlib import Path
 
 import pytest
 import torch
-from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 from transformers import AutoModelForCausalLM
 
-from reinforge.config import Config, load_config
-from reinforge.errors import UsageError
-from reinforge.orchestrate.loop import train
-from reinforge.orchestrate.sft import train_sft
 from reinforge.policy.models import load_model
 from reinforge.train.algorithm import AlgorithmConfig, PPOClipLoss, SequenceMean
 from reinforge.train.batching import TrainBatch, micro_batches
 from reinforge.train.config import OptimConfig, TrainerConfig
-from reinforge.train.ranks import run_on_ranks
+from reinforge.train.ranks import RankFailed, run_on_ranks
 from reinforge.train.sharded import ShardedTrainer
 from reinforge.train.trainer import Trainer
 from reinforge.types import Trajectory
@@ -129,20 +124,55 @@ def test_two_ranks_step_as_one_process(tmp_path):
 
 def test_a_stuck_rank_times_out_the_others():
     config = TrainerConfig(world_size=2, collective_timeout_s=2)
-    with pytest.raises(ProcessRaisedException, match="Timed out"):
+    with pytest.raises(RankFailed, match="trainer rank 0: .*Timed out"):
         run_on_ranks(config, leave, "stuck")
 
 
 def test_a_dead_rank_ends_the_run_with_an_error():
     config = TrainerConfig(world_size=2, collective_timeout_s=2)
-    # whichever comes first: the parent seeing rank 1 gone, or rank 0's collective failing
-    with pytest.raises((ProcessExitedException, ProcessRaisedException)):
+    # whichever comes first: rank 1 seen gone, or rank 0's collective failing for it
+    with pytest.raises(RankFailed, match=r"trainer rank 1 died \(exit code 1\)|trainer rank 0"):
         run_on_ranks(config, leave, "dies")
 
 
-def test_the_loops_refuse_more_than_one_rank():
-    config = load_config(Config, None, ["trainer.world_size=2"])
-    with pytest.raises(UsageError, match="world_size = 2: reinforge train and reinforge sft"):
-        asyncio.run(train(config, print))
-    with pytest.raises(UsageError, match="ShardedTrainer"):
-        train_sft(config, [], print)
+def _resume_on_rank(
+    config: TrainerConfig, model: Path, state: dict, batch: TrainBatch, folder: Path
+) -> tuple[dict[str, float], dict]:
+    """From a one-process trainer's checkpoint (`model`, `state`): one step on this rank,
+    the model saved to `folder`; the step's metrics and the whole trainer state after it."""
+    resumed = AutoModelForCausalLM.from_pretrained(model)
+    trainer = ShardedTrainer(resumed, config, OPTIM, total_steps=STEPS)
+    trainer.load_state_dict(state)
+    metrics = trainer.step(batch).model_dump()
+    trainer.save_model(folder)
+    return metrics, trainer.state_dict()
+
+
+def test_a_checkpoint_resumes_on_another_world_size(tmp_path):
+    """One process steps once and checkpoints; two ranks resume from it and step again,
+    as the one process does: the same step, and a state the one process loads back."""
+    config, batch = CASES["sequence_mean"], _batch()
+    model, _ = load_model("tiny-random")
+    one = Trainer(model, config, OPTIM, total_steps=STEPS)
+    one.step(batch)
+    one.save_model(tmp_path / "step1")
+    state = copy.deepcopy(one.state_dict())  # the live optimizer's tensors move on
+    expected = one.step(batch).model_dump()
+
+    sharded = config.model_copy(update={"world_size": 2, "collective_timeout_s": 120})
+    metrics, resharded = run_on_ranks(
+        sharded, _resume_on_rank, sharded, tmp_path / "step1", state, batch, tmp_path / "step2"
+    )
+    assert metrics == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "step2")
+    for name, param in one.model.named_parameters():
+        torch.testing.assert_close(saved.get_parameter(name), param, atol=OPTIM.lr / 10, rtol=0)
+
+    # the two ranks' state is a one-process state: the same entries, whole, loadable
+    wanted = one.state_dict()["optimizer"]
+    assert resharded["optimizer"]["param_groups"] == wanted["param_groups"]
+    assert resharded["optimizer"]["state"].keys() == wanted["state"].keys()
+    for index, entry in wanted["state"].items():
+        for key, value in entry.items():
+            torch.testing.assert_close(resharded["optimizer"]["state"][index][key], value)
+    Trainer(saved, config, OPTIM, total_steps=STEPS).load_state_dict(resharded)

@@ -1,0 +1,342 @@
+"""The Ray backend (`cluster.backend = "ray"`): the run's trainer ranks and engines as Ray
+actors, each with its `cluster.rank` or `cluster.engine` resources, one placement group per
+kind (packed: a rank's collectives and an engine's weight loads stay on few nodes).
+
+- **Ranks.** Each actor joins the process group (rendezvous at rank 0's node) and holds its
+  `ShardedTrainer`; a call goes to every actor and the first failure ends them all, as with
+  `LocalRanks`.
+- **Engines.** Each actor starts `reinforge serve` on its node and supervises nothing
+  itself: the run's `Supervisor` sees it through `returncode` and `restart`, as it sees
+  local processes. An engine keeps its port across restarts.
+- **One node's weights.** The trainer hands weights to the engines as a file that rank 0
+  writes, and `POST /v1/weights` takes files of its own machine: so far rank 0 and every
+  engine must land on the run's node, which a cluster of one machine always gives; anything
+  else is refused in one line (docs/scale.md says what crossing machines needs).
+
+A run that names no `cluster.address` starts a cluster of this machine for itself and
+stops it at the end, so nothing of Ray stays behind; one that joins a cluster leaves it
+running and takes its actors away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from reinforge.config import Config
+from reinforge.errors import UsageError
+from reinforge.orchestrate.config import Resources
+from reinforge.orchestrate.engine_processes import (
+    START_S,
+    STOP_S,
+    engine_settings,
+    exited_early,
+    free_ports,
+    settings_toml,
+    silent,
+    spawn,
+)
+from reinforge.train.config import TrainerConfig
+from reinforge.train.ranks import RankFailed, failure_line, join_group
+
+try:
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+except ImportError:  # told in one line when a run asks for it
+    ray = None
+
+PLACE_S = 120.0
+"""How long a placement group may wait for the cluster's resources before the run says
+what was missing (Ray itself would wait for ever)."""
+
+
+class RayCluster:
+    def __init__(self, config: Config) -> None:
+        if ray is None:
+            raise UsageError("cluster.backend = ray needs Ray: pip install 'reinforge[ray]'")
+        self.config = config
+        self.node = ray.util.get_node_ip_address()
+        """The run's own node: where rank 0 and the engines must be (the weights file)."""
+        address = config.cluster.address or None
+        options: dict[str, Any] = {}
+        if address is None:  # this machine alone: as many CPUs as the run's processes ask
+            options["num_cpus"] = max(os.cpu_count() or 1, _asked(config, "cpus"))
+        try:
+            ray.init(
+                address=address,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+                **options,
+            )
+        except ConnectionError as error:
+            raise UsageError(f"cluster.address = {address!r}: {error}") from error
+
+    def ranks(self, config: TrainerConfig, factory: Any, *args: Any) -> RayRanks:
+        return RayRanks(self, config, factory, args)
+
+    async def engines(self, config: Config) -> RayEngines:
+        return await RayEngines.start(self, config)
+
+    def close(self) -> None:
+        ray.shutdown()
+
+    def place(self, resources: Resources, count: int, what: str) -> tuple[Any, list[dict]]:
+        """A packed placement group of `count` bundles of `resources`, ready; and the actor
+        options of each bundle. One line naming what is missing if the cluster has not."""
+        bundle = {"CPU": resources.cpus, "GPU": resources.gpus}
+        if resources.memory_gib is not None:
+            bundle["memory"] = resources.memory_gib * 2**30
+        bundle = {key: value for key, value in bundle.items() if value}
+        group = placement_group([bundle] * count, strategy="PACK")
+        try:
+            ray.get(group.ready(), timeout=PLACE_S)
+        except GetTimeoutError:
+            remove_placement_group(group)
+            raise UsageError(
+                f"the Ray cluster cannot place {count} {what} of {bundle} within "
+                f"{PLACE_S:.0f} s: it has {ray.available_resources()} available"
+            ) from None
+        options = [
+            {
+                "num_cpus": resources.cpus,
+                "num_gpus": resources.gpus,
+                "memory": bundle.get("memory"),
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    group, placement_group_bundle_index=i
+                ),
+            }
+            for i in range(count)
+        ]
+        return group, options
+
+    def require_here(self, node: str, what: str) -> None:
+        if node != self.node:
+            raise UsageError(
+                f"Ray placed {what} on node {node}, not the run's ({self.node}): the "
+                "weights go to the engines as a file of the run's machine, so rank 0 and "
+                "the engines run there so far (docs/scale.md)"
+            )
+
+
+def _asked(config: Config, resource: str) -> float:
+    ranks = config.trainer.world_size if config.trainer.world_size > 1 else 0
+    engines = config.rollout.engines
+    return ranks * getattr(config.cluster.rank, resource) + engines * getattr(
+        config.cluster.engine, resource
+    )
+
+
+class RankActor:
+    """One trainer rank in a Ray actor: joins the group, holds the factory's object."""
+
+    def node(self) -> str:
+        return ray.util.get_node_ip_address()
+
+    def rendezvous(self) -> str:
+        """A TCP rendezvous at this actor's node: rank 0's."""
+        return f"tcp://{ray.util.get_node_ip_address()}:{free_ports(1)[0]}"
+
+    def setup(
+        self, rank: int, config: TrainerConfig, init_method: str, factory: Any, args: tuple
+    ) -> None:
+        join_group(rank, config, init_method)
+        self.target = factory(rank, *args)
+
+    def call(self, method: str, *args: Any) -> Any:
+        return getattr(self.target, method)(*args)
+
+
+class RayRanks:
+    """`trainer.world_size` rank actors; the `Ranks` of a Ray run."""
+
+    def __init__(
+        self, cluster: RayCluster, config: TrainerConfig, factory: Any, args: tuple
+    ) -> None:
+        resources = cluster.config.cluster.rank
+        self._group, options = cluster.place(resources, config.world_size, "trainer ranks")
+        actor = ray.remote(RankActor)
+        self._actors = [actor.options(**option).remote() for option in options]
+        try:
+            cluster.require_here(ray.get(self._actors[0].node.remote()), "trainer rank 0")
+            init_method = ray.get(self._actors[0].rendezvous.remote())
+            self._wait(
+                [
+                    a.setup.remote(rank, config, init_method, factory, args)
+                    for rank, a in enumerate(self._actors)
+                ]
+            )
+        except BaseException:
+            self.stop()
+            raise
+
+    def call(self, method: str, *args: Any) -> list[Any]:
+        refs = [actor.call.remote(method, *args) for actor in self._actors]
+        try:
+            return self._wait(refs)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait(self, refs: list[Any]) -> list[Any]:
+        """Every rank's answer; the first to fail or die raises at once."""
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(done[0])
+            except RayTaskError as error:
+                cause = error.cause if isinstance(error.cause, BaseException) else error
+                rank = rank_of[done[0]]
+                raise RankFailed(f"trainer rank {rank}: {failure_line(cause)}") from None
+            except RayActorError:
+                raise RankFailed(f"trainer rank {rank_of[done[0]]} died") from None
+        return ray.get(refs)
+
+    def stop(self) -> None:
+        for actor in self._actors:
+            ray.kill(actor)
+        self._actors = []
+        _release(self)
+
+
+class EngineActor:
+    """One engine in a Ray actor: `reinforge serve` on the actor's node, at a port that
+    stays its own across restarts."""
+
+    def __init__(self, settings: str, log: str, port: int | None = None) -> None:
+        self.settings = settings
+        self.log = Path(log)
+        self.port = port or free_ports(1)[0]
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def node(self) -> str:
+        return ray.util.get_node_ip_address()
+
+    def start(self, index: int) -> int:
+        """The engine, answering; its port."""
+        self.stop()
+        folder = Path(tempfile.mkdtemp(prefix="reinforge-engines-"))
+        try:  # the settings hold the token: private, and gone once the engine has read them
+            (folder / "serve.toml").write_text(self.settings)
+            self.process = spawn(folder / "serve.toml", self.port, self.log)
+            deadline = time.monotonic() + START_S
+            while not _answers(self.port):
+                if self.process.poll() is not None:
+                    raise UsageError(exited_early(index, self.process.returncode, self.log))
+                if time.monotonic() > deadline:
+                    raise UsageError(silent(index, self.log))
+                time.sleep(0.25)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return self.port
+
+    def returncode(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=STOP_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def _answers(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class RayEngines:
+    """The run's engines as Ray actors; the `EngineLauncher` of a Ray run."""
+
+    def __init__(self, cluster: RayCluster, config: Config) -> None:
+        self.cluster = cluster
+        self.token = secrets.token_urlsafe(32)
+        self.logs = config.run_dir / "engines"
+        self.urls: list[str] = []
+        self._settings = settings_toml(engine_settings(config, self.token))
+        self._group, self._options = cluster.place(
+            config.cluster.engine, config.rollout.engines, "engines"
+        )
+        self._actors: list[Any] = []
+        self._ports: list[int | None] = [None] * config.rollout.engines
+
+    @classmethod
+    async def start(cls, cluster: RayCluster, config: Config) -> RayEngines:
+        """`rollout.engines` engine actors, each answering."""
+        engines = cls(cluster, config)
+        engines.logs.mkdir(parents=True, exist_ok=True)
+        try:
+            for index in range(config.rollout.engines):
+                engines._actors.append(engines._actor(index))
+            ports = await asyncio.to_thread(engines._started, range(config.rollout.engines))
+        except BaseException:
+            engines.stop()
+            raise
+        engines._ports = list(ports)
+        engines.urls = [f"http://127.0.0.1:{port}/v1" for port in ports]
+        return engines
+
+    def _actor(self, index: int) -> Any:
+        """Engine `index`'s actor, in its bundle, on its port once it has one."""
+        actor = ray.remote(EngineActor).options(**self._options[index])
+        handle = actor.remote(self._settings, str(self.log(index)), self._ports[index])
+        self.cluster.require_here(ray.get(handle.node.remote()), f"engine {index}")
+        return handle
+
+    def _started(self, indices: range | list[int]) -> list[int]:
+        refs = [self._actors[i].start.remote(i) for i in indices]
+        try:
+            return ray.get(refs)
+        except RayTaskError as error:
+            raise (error.cause if isinstance(error.cause, UsageError) else error) from None
+
+    def returncode(self, index: int) -> int | None:
+        try:
+            return ray.get(self._actors[index].returncode.remote(), timeout=30.0)
+        except (RayActorError, GetTimeoutError):
+            return -1  # its actor is gone (or hung): the engine with it
+
+    async def restart(self, index: int) -> None:
+        """The engine again at its port: by its actor, or by a new one should the actor
+        have died with it."""
+        if self.returncode(index) == -1:
+            ray.kill(self._actors[index])
+            self._actors[index] = await asyncio.to_thread(self._actor, index)
+        await asyncio.to_thread(self._started, [index])
+
+    def log(self, index: int) -> Path:
+        return self.logs / f"engine-{index}.log"
+
+    def stop(self) -> None:
+        """Each engine stopped by its actor, then the actors and their placement."""
+        refs = [actor.stop.remote() for actor in self._actors]
+        ray.wait(refs, num_returns=len(refs), timeout=STOP_S + 5.0)
+        for actor in self._actors:
+            ray.kill(actor)
+        self._actors = []
+        _release(self)
+
+
+def _release(owner: RayRanks | RayEngines) -> None:
+    """Its placement group back to the cluster, once (a failed run stops twice)."""
+    if owner._group is not None:
+        remove_placement_group(owner._group)
+        owner._group = None

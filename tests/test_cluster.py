@@ -1,0 +1,113 @@
+"""A run over several processes, as a user starts it: a sharded trainer (two gloo ranks)
+with the run's own engines, on this machine and on a local Ray cluster that the run starts
+and stops; a checkpoint of two ranks resumed on one; a trainer rank killed mid-run stops
+the run in one line, leaves no process, and `--resume` goes on from the last checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from transformers import AutoModelForCausalLM
+
+from .commands import ROOT, tiny_train
+from .conftest import require_extra
+from .test_several_engines import gone
+
+
+def _rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _ray_processes() -> set[int]:
+    """This machine's Ray processes: its cluster's daemons and workers."""
+    found = set()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if b"ray::" in text or b"raylet" in text or b"gcs_server" in text:
+            found.add(int(cmdline.parts[2]))
+    return found
+
+
+def _train(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+
+def test_a_sharded_run_on_a_local_ray_cluster_leaves_no_ray_process(tmp_path):
+    require_extra("ray", "ray")
+    before = _ray_processes()
+    argv = tiny_train(
+        tmp_path,
+        "run.steps=3",
+        "cluster.backend=ray",
+        "rollout.engines=2",
+        "trainer.world_size=2",
+    )
+    done = _train(argv)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = _rows(tmp_path / "r")
+    assert [row["policy_version"] for row in rows] == [1, 2, 3]  # each step trained
+    assert all(row["sync"]["engines"] == 2 for row in rows)
+    assert sum(engine["requests"] for row in rows for engine in row["engines"]) > 0
+    AutoModelForCausalLM.from_pretrained(tmp_path / "r" / "checkpoints" / "step_00003")
+    assert gone(tmp_path / "r" / "engines")
+    deadline = time.monotonic() + 60  # the cluster's daemons take a moment to exit
+    while _ray_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _ray_processes() - before
+
+
+def test_a_run_of_two_ranks_resumes_on_one(tmp_path):
+    done = _train(tiny_train(tmp_path, "trainer.world_size=2"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [row["policy_version"] for row in _rows(tmp_path / "r")] == [1, 2]
+    done = _train(tiny_train(tmp_path, "run.steps=3", "--resume"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [row["policy_version"] for row in _rows(tmp_path / "r")] == [1, 2, 3]
+
+
+def _ranks_of(pid: int) -> list[int]:
+    """The trainer rank processes a run started (spawned children, not its engines)."""
+    ranks = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == pid and b"spawn_main" in cmdline:
+            ranks.append(int(stat.parts[2]))
+    return sorted(ranks)
+
+
+def test_a_rank_killed_mid_run_stops_it_in_one_line_and_resume_goes_on(tmp_path):
+    argv = tiny_train(tmp_path, "run.steps=4", "run.checkpoint_every=1", "trainer.world_size=2")
+    run = subprocess.Popen(
+        argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    metrics = tmp_path / "r" / "metrics.jsonl"
+    deadline = time.monotonic() + 600
+    while run.poll() is None and time.monotonic() < deadline:
+        if metrics.exists() and metrics.read_text().count("\n") >= 2:
+            break
+        time.sleep(0.1)
+    ranks = _ranks_of(run.pid)
+    assert len(ranks) == 2
+    os.kill(ranks[-1], signal.SIGKILL)
+    _, stderr = run.communicate(timeout=600)
+    assert run.returncode == 2, stderr[-3000:]
+    assert "reinforge train: error: trainer rank " in stderr
+    assert "Traceback" not in stderr
+    assert not any(Path(f"/proc/{pid}").exists() for pid in ranks)
+    assert gone(tmp_path / "r" / "engines")
+
+    done = _train(tiny_train(tmp_path, "run.steps=4", "trainer.world_size=2", "--resume"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [row["step"] for row in _rows(tmp_path / "r")][-1] == 4
