@@ -27,6 +27,7 @@ from reinforge.train.config import OptimConfig, TrainerConfig
 from reinforge.train.distill import DistillConfig
 from reinforge.train.logprobs import SelectiveLogprobs
 from reinforge.train.losses import masked_mean
+from reinforge.train.memory import release_freed_memory
 from reinforge.train.trainable import (
     full_weights,
     is_adapter,
@@ -176,6 +177,7 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()
+        release_freed_memory()  # the step's activations, freed but kept by the allocator
         return TrainStats(
             **totals,
             grad_norm=float(grad_norm),
