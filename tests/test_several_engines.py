@@ -24,6 +24,7 @@ from reinforge.policy.models import load_model
 from reinforge.train.trainer import Trainer
 
 from .commands import ROOT, kill_after, tiny_train
+from .conftest import require_vllm
 from .test_remote_engine import assert_samples_with
 
 
@@ -72,6 +73,24 @@ def test_a_run_samples_from_two_engines_and_syncs_both(tmp_path, mode):
             else:
                 assert step - 1 - min(versions) <= 1  # loop.max_staleness
     assert not holding(run / "engines")
+
+
+def test_a_run_samples_from_two_vllm_engines_and_syncs_both(tmp_path):
+    require_vllm()
+    argv = tiny_train(tmp_path, "model.engine=vllm", "rollout.engines=2")
+    process = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert process.returncode == 0, process.stderr[-3000:]
+    rows = _rows(tmp_path / "r")
+    assert [r["policy_version"] for r in rows] == [1, 2]
+    assert all(r["sync"]["engines"] == 2 and r["sync"]["bytes"] > 0 for r in rows)
+    for engine in range(2):
+        assert sum(r["engines"][engine]["requests"] for r in rows) > 0
+    for step in (1, 2):  # sync: every token sampled by the weights the step trains
+        lines = (tmp_path / "r" / "trajectories" / f"step_{step:05d}.jsonl").read_text()
+        assert all(
+            set(json.loads(line)["policy_versions"]) == {step - 1} for line in lines.splitlines()
+        )
+    assert gone(tmp_path / "r" / "engines")
 
 
 def test_the_main_job_runs_on_two_engines(tmp_path):
