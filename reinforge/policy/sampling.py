@@ -60,17 +60,20 @@ def sample(
     """Draw one token per row. logits: (B, V) -> tokens (B,), logprobs (B,) in float32,
     and each row's most likely tokens (None for a row that asks for none)."""
     logits = logits.float()  # (B, V)
-    temperature = torch.tensor([r.params.temperature for r in rows])  # (B,)
+    device = logits.device
+    temperature = torch.tensor([r.params.temperature for r in rows], device=device)  # (B,)
     greedy = temperature <= 0
     scaled = logits / torch.where(greedy, 1.0, temperature).unsqueeze(1)  # (B, V)
     logp = torch.log_softmax(scaled, dim=-1)  # (B, V)
-    top_p = torch.tensor([r.params.top_p for r in rows])  # (B,)
+    top_p = torch.tensor([r.params.top_p for r in rows], device=device)  # (B,)
     if bool((top_p < 1).any()):
         logp = _nucleus(logp, top_p)
     # Inverse-CDF draw: one uniform per row from that row's own generator. (Gumbel-max
     # needs a uniform per vocabulary entry, which cost ~20% of a decode step at batch 32.)
+    # The generators stay on the host, so a seed draws the same uniforms on any device.
     cdf = logp.double().exp().cumsum(dim=-1)  # (B, V)
     uniform = torch.cat([torch.rand(1, generator=r.generator, dtype=torch.float64) for r in rows])
+    uniform = uniform.to(device)  # (B,)
     target = (uniform * cdf[:, -1]).unsqueeze(1)  # (B, 1)
     drawn = torch.searchsorted(cdf, target, right=True).squeeze(1)  # (B,)
     drawn = drawn.clamp_(max=logits.shape[1] - 1)

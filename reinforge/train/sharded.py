@@ -25,7 +25,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 from transformers import PreTrainedModel
 
-from reinforge.policy.models import quiet_progress
+from reinforge.policy.models import quiet_progress, resolve_device
 from reinforge.train.batching import TrainBatch
 from reinforge.train.config import OptimConfig, TrainerConfig
 from reinforge.train.logprobs import SelectiveLogprobs
@@ -61,13 +61,9 @@ class ShardedTrainer(Trainer):
             raise ValueError("LoRA models are not sharded yet: train them with world_size 1")
         self.rank = dist.get_rank()
         self.world_size = config.world_size
-        self.device = (
-            torch.device("cuda", torch.cuda.current_device())
-            if torch.cuda.is_available()
-            else torch.device("cpu")
-        )
-        self._mesh = init_device_mesh(self.device.type, (self.world_size,))
-        super().__init__(model, config, optim, total_steps, reference)
+        device = resolve_device("auto")  # this rank's own GPU (`join_group` set it), or the CPU
+        self._mesh = init_device_mesh(device.type, (self.world_size,))
+        super().__init__(model.to(device), config, optim, total_steps, reference)
 
     def _logprob_module(self, model: PreTrainedModel) -> SelectiveLogprobs:
         module = SelectiveLogprobs(model.to(self.device))
@@ -91,7 +87,6 @@ class ShardedTrainer(Trainer):
         collectives: a rank with a micro-batch fewer runs the batch's shortest row once more
         with zero weights, which adds nothing to the gradient or the metrics.
         """
-        batch = batch.to(self.device)
         mine = plan[self.rank :: self.world_size]
         totals = super()._accumulate(batch, mine)
         rounds = -(-len(plan) // self.world_size)  # ceil
@@ -127,16 +122,11 @@ class ShardedTrainer(Trainer):
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(self.model, options=options)
 
-    def state_dict(self) -> dict[str, Any]:
-        """What a one-process trainer's `state_dict` holds, the optimizer state gathered
-        whole (every rank must call it): a checkpoint resumes on any world size."""
-        state = super().state_dict()
-        optimizer = state["optimizer"]
-        whole = {
-            index: {key: _whole(value) for key, value in entry.items()}
-            for index, entry in optimizer["state"].items()
-        }
-        return {**state, "optimizer": {**optimizer, "state": whole}}
+    def _saved(self, value: Any) -> Any:
+        """An optimizer state entry as a one-process trainer's checkpoint holds it: a
+        sharded tensor gathered whole (a collective: every rank must call `state_dict`),
+        on the CPU. So a checkpoint resumes on any world size."""
+        return super()._saved(value.full_tensor() if isinstance(value, DTensor) else value)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """A `state_dict` of any world size (1 included): each rank keeps its shard."""
@@ -147,11 +137,6 @@ class ShardedTrainer(Trainer):
             for index, entry in optimizer["state"].items()
         }
         super().load_state_dict({**state, "optimizer": {**optimizer, "state": sharded}})
-
-
-def _whole(value: Any) -> Any:
-    """An optimizer state entry whole: a sharded tensor gathered (a collective), on CPU."""
-    return value.full_tensor().cpu() if isinstance(value, DTensor) else value
 
 
 def _shard_like(value: Any, param: torch.Tensor) -> Any:

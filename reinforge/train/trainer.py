@@ -20,7 +20,9 @@ from safetensors.torch import save_file
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from reinforge.policy.models import load_model
+from reinforge.errors import UsageError
+from reinforge.policy.config import ModelConfig
+from reinforge.policy.models import load_model, resolve_device
 from reinforge.train.batching import TrainBatch, micro_batches
 from reinforge.train.checkpoints import load_trainer_state
 from reinforge.train.config import OptimConfig, TrainerConfig
@@ -130,7 +132,9 @@ class Trainer:
     """AdamW over the trainable parameters, micro-batched forward/backward, one step per call.
 
     `reference` is the frozen model of the KL term, needed when the loss has `kl_coef > 0`;
-    a LoRA model needs none (its base, adapters off, is the reference).
+    a LoRA model needs none (its base, adapters off, is the reference). The trainer
+    computes where `model` is (`build_trainer` puts it and the reference on `model.device`)
+    and moves each batch there.
     """
 
     def __init__(
@@ -142,6 +146,7 @@ class Trainer:
         reference: PreTrainedModel | None = None,
     ) -> None:
         self.model = model
+        self.device = model.device
         self.config = config
         self.loss = config.algorithm.loss
         if self.loss.needs_reference and reference is None and not is_adapter(model):
@@ -168,6 +173,7 @@ class Trainer:
 
         The parameters change only inside `update` (if given): an engine decoding with this model
         passes its weight update, which waits for a step boundary and bumps the version."""
+        batch = batch.to(self.device)
         self.model.train()
         plan = micro_batches(batch.lengths, self.config.micro_batch_tokens)
         totals = self._accumulate(batch, plan)
@@ -225,7 +231,7 @@ class Trainer:
 
     def _autocast(self) -> torch.autocast:
         return torch.autocast(
-            self.model.device.type,
+            self.device.type,
             dtype=torch.bfloat16,
             enabled=self.config.precision == "bfloat16",
         )
@@ -242,7 +248,7 @@ class Trainer:
         """The complete weights (LoRA merged) as one safetensors file, under the plain
         model's parameter names: what an engine holding its own copy loads."""
         with full_weights(self.model) as weights:
-            save_file({name: t.detach().contiguous() for name, t in weights.items()}, path)
+            save_file({name: t.detach().cpu().contiguous() for name, t in weights.items()}, path)
 
     def save_model(self, folder: Path) -> None:
         """The complete model in Hugging Face format (a checkpoint's weights)."""
@@ -253,11 +259,21 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """What resuming needs besides the weights: optimizer, schedule and RNG state."""
+        optimizer = self.optimizer.state_dict()
+        saved = {
+            index: {key: self._saved(value) for key, value in entry.items()}
+            for index, entry in optimizer["state"].items()
+        }
         return {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": {**optimizer, "state": saved},
             "scheduler": self.scheduler.state_dict(),
             "torch_rng": torch.get_rng_state(),
         }
+
+    def _saved(self, value: Any) -> Any:
+        """An optimizer state entry as a checkpoint holds it: on the CPU, so that it loads
+        on any machine (the optimizer moves it to its parameter's device on loading)."""
+        return value.cpu() if isinstance(value, Tensor) else value
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
@@ -271,24 +287,34 @@ AnyTrainer = TypeVar("AnyTrainer", bound=Trainer)
 @dataclass(frozen=True)
 class TrainerSpec:
     """What a trainer is built from, in the run's process or on each rank: the model (its
-    spec, or the checkpoint being resumed), its settings, and the run's length."""
+    spec, or the checkpoint being resumed), its settings, the run's length, and where it
+    computes."""
 
     model: str
     config: TrainerConfig
     optim: OptimConfig
     total_steps: int
     checkpoint: Path | None = None
+    device: str = ModelConfig.model_fields["device"].default
+    """`model.device`, resolved where the trainer is built (on each rank)."""
 
 
 def build_trainer(kind: type[AnyTrainer], spec: TrainerSpec) -> AnyTrainer:
     """A `kind` trainer of `spec`'s model, resumed from its checkpoint when it names one.
     The KL reference is the configured model, not a resumed checkpoint; a LoRA model needs
-    none (its base is the reference)."""
+    none (its base is the reference). Both go to `spec.device`; a sharded trainer's ranks
+    each take their own GPU, or the CPU, as auto places them."""
+    if spec.config.world_size > 1 and spec.device != "auto":
+        raise UsageError(
+            f"model.device is {spec.device}: a sharded trainer puts each rank on its own GPU, "
+            "or the CPU; leave it at auto"
+        )
+    device = resolve_device(spec.device)
     model, _ = load_trainable(spec.model, spec.config, spec.checkpoint)
     reference = None
     if spec.config.algorithm.loss.needs_reference and not is_adapter(model):
-        reference = load_model(spec.model, "float32")[0].requires_grad_(False)
-    trainer = kind(model, spec.config, spec.optim, spec.total_steps, reference)
+        reference = load_model(spec.model, "float32")[0].requires_grad_(False).to(device)
+    trainer = kind(model.to(device), spec.config, spec.optim, spec.total_steps, reference)
     if spec.checkpoint is not None:
         trainer.load_state_dict(load_trainer_state(spec.checkpoint))
     return trainer
