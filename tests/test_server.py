@@ -60,6 +60,10 @@ class ScriptedModel(torch.nn.Module):
         self.generation_config = model.generation_config
         self.script: list[int] = []
 
+    @property
+    def device(self) -> torch.device:  # where the engine computes, as a model says
+        return self.inner.device
+
     def forward(self, **inputs: Any) -> Any:
         output = self.inner(**inputs)
         if self.script:
