@@ -43,7 +43,7 @@ from reinforge.orchestrate.teachers import Teachers
 from reinforge.orchestrate.trackers import check_installed
 from reinforge.policy.models import load_tokenizer
 from reinforge.rollout.summary import summarize
-from reinforge.train.checkpoints import latest_checkpoint, load_trainer_state
+from reinforge.train.checkpoints import latest_checkpoint, load_progress
 from reinforge.train.trainer import select_for_training
 
 
@@ -61,7 +61,7 @@ async def train(
     start_step, version = 0, 0
     position = RolloutSide.start_position(0)
     if checkpoint is not None:
-        state = load_trainer_state(checkpoint)
+        state = load_progress(checkpoint)
         start_step, version = state["step"], state["policy_version"]
         if start_step >= config.run.steps:
             raise UsageError(

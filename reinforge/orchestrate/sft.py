@@ -22,7 +22,7 @@ from reinforge.orchestrate.record import RunRecorder
 from reinforge.orchestrate.trackers import check_installed
 from reinforge.policy.models import load_tokenizer
 from reinforge.train.algorithm import PPOClipLoss, SFTLoss
-from reinforge.train.checkpoints import latest_checkpoint, load_trainer_state
+from reinforge.train.checkpoints import latest_checkpoint, load_progress
 from reinforge.train.sft import Example, schedule, train_batch
 
 
@@ -61,7 +61,7 @@ def train_sft(
         raise UsageError(f"nothing to resume: no checkpoint in {run_dir}")
     start = 0
     if checkpoint is not None:
-        state = load_trainer_state(checkpoint)
+        state = load_progress(checkpoint)
         if state["examples"] != len(examples):
             raise UsageError(
                 f"cannot resume {run_dir}: it trained on {state['examples']} examples, "

@@ -55,6 +55,13 @@ def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
     return torch.load(checkpoint / TRAINER_STATE, weights_only=False)
 
 
+def load_progress(checkpoint: Path) -> dict[str, Any]:
+    """A checkpoint's trainer state for its scalars (step, policy version, the loop's
+    position), memory-mapped: the optimizer's tensors, gigabytes that the trainer reads
+    for itself (on every rank), are never read here."""
+    return torch.load(checkpoint / TRAINER_STATE, weights_only=False, mmap=True)
+
+
 def open_run(run_dir: Path, config_json: str, start_step: int) -> TextIO:
     """`run_dir` with config.json; returns metrics.jsonl open for appending. A fresh run
     never reuses a directory that holds a run; a resumed one drops the metrics of the steps
