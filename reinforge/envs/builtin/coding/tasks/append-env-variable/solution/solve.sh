@@ -1,0 +1,4 @@
+#!/bin/bash
+set -e
+cd /app
+echo 'DB_NAME=shop' >> local.env

@@ -1,0 +1,6 @@
+#!/bin/bash
+set -e
+cd /app
+cat >> requirements.txt <<'EOF'
+pytest==8.0.0
+EOF

@@ -1,0 +1,4 @@
+#!/bin/bash
+set -e
+cd /app
+cp nginx.conf nginx.conf.bak

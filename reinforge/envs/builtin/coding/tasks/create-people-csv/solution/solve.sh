@@ -1,0 +1,8 @@
+#!/bin/bash
+set -e
+cd /app
+cat > people.csv <<'EOF'
+name,age
+ana,31
+ben,27
+EOF

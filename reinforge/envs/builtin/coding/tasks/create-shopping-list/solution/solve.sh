@@ -1,0 +1,4 @@
+#!/bin/bash
+set -e
+cd /app
+printf 'milk\neggs\nbread\n' > shopping.txt

@@ -1,0 +1,5 @@
+def larger(a, b):
+    """The larger of the two numbers a and b."""
+    if a > b:
+        return b
+    return b
