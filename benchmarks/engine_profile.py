@@ -1,20 +1,25 @@
 """Where a batch-1 decode step of the built-in engine goes, and what would make it faster.
 
-Nothing in the package changes: every candidate runs here, beside the engine's own call.
+The engine's step (`policy/decode.py`) runs beside transformers' forward, which it
+replaced for Llama-shaped models, and beside candidates that exist only here.
 
 1. The machine's memory read bandwidth (a torch sum over a 512 MiB fp32 tensor, best of
    N, at `--threads`) and the batch-1 floor it sets: the model's weights read once per
    token (tied embeddings counted once).
-2. One decode step as `Engine._decode` makes it: the mask grows by a column, positions
-   are its sum, and the model gets input ids, attention mask, position ids and the
-   `roomy_cache` of `RoomyLayer`s, under `torch.inference_mode`; logits for one token.
-   The prompt is prefilled the way `Engine._forward_new` does it (not timed).
+2. One decode step through transformers' forward as `Engine._decode` made it before its
+   written-out step (and still makes it for other models): the mask grows by a column,
+   positions are its sum, and the model gets input ids, attention mask, position ids and
+   the `roomy_cache` of `RoomyLayer`s, under `torch.inference_mode`; logits for one
+   token. The prompt is prefilled the way `Engine._forward_new` does it (not timed).
 3. A `torch.profiler` profile of that step (CPU, record_shapes): the top ops by self CPU
-   time, aten ops per step, and the share of the matmuls.
+   time, aten ops per step, and the share of the matmuls; the same summary for the
+   engine's step and the hand-written one.
 4. Variants, measured in interleaved rounds (the order rotates every round), each fed
-   the same tokens (the fp32 engine call's greedy choices), so that each step's logits
-   compare with the engine call's in the same dtype (max abs difference over all steps):
-   - `hf`: the engine's call, as above;
+   the same tokens (the fp32 forward's greedy choices), so that each step's logits
+   compare with the forward's in the same dtype (max abs difference over all steps):
+   - `hf`: transformers' forward, as above;
+   - `engine`: the engine's step now, `policy.decode.LlamaDecoder` on the model's own
+     weights and the same cache;
    - `hf no_grad`: the same under `torch.no_grad` (prefill included);
    - `hf mask None`: `attention_mask=None`, as a batch without padding allows;
    - `hand`: a hand-written Llama decode step in plain torch over the same weights, with
@@ -35,7 +40,7 @@ Nothing in the package changes: every candidate runs here, beside the engine's o
    - `matmuls only`: the step's matmuls alone (fused q/k/v, o, gate/up, down for 30
      layers, then the vocabulary projection) on fixed inputs: what an eager step that
      cut everything else would still take.
-   - with `--threads` above 1, `hf`, `hand` and `matmuls only` again at 1 thread
+   - with `--threads` above 1, `hf`, `engine`, `hand` and `matmuls only` again at 1 thread
      (`... 1 thread`): on a shared machine a parallel region waits for its slowest thread.
    Also the engine's sampler (`policy.sampling.sample`, temperature 1, top_p 1) on one
    row of logits, per token.
@@ -63,7 +68,8 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 from transformers import PreTrainedModel
 
-from reinforge.policy.kv_cache import cache_argument, roomy_cache
+from reinforge.policy.decode import LlamaDecoder, llama_decoder
+from reinforge.policy.kv_cache import cache_keyword, roomy_cache
 from reinforge.policy.models import load_model
 from reinforge.policy.sampling import RowSampler, SamplingParams, sample
 from reinforge.policy.specs import DEFAULT_MODEL
@@ -94,7 +100,7 @@ def hf_prefill(model: PreTrainedModel, ids: torch.Tensor) -> tuple[HFState, torc
         input_ids=ids,
         attention_mask=mask,
         position_ids=positions,
-        **cache_argument(model, cache),
+        **{cache_keyword(model): cache},
         use_cache=True,
         logits_to_keep=1,
     ).logits[:, -1]
@@ -112,9 +118,16 @@ def hf_step(
         input_ids=last.unsqueeze(1),
         attention_mask=state.mask if with_mask else None,
         position_ids=positions,
-        **cache_argument(model, state.cache),
+        **{cache_keyword(model): state.cache},
         use_cache=True,
     ).logits[:, -1]
+
+
+def engine_step(decoder: LlamaDecoder, state: HFState, token: int) -> torch.Tensor:
+    """`Engine._decode` for one row through the engine's written-out step: logits (1, V)."""
+    state.mask = torch.cat([state.mask, torch.ones((1, 1), dtype=torch.long)], dim=1)
+    positions = state.mask.sum(dim=1, keepdim=True) - 1  # (B, 1)
+    return decoder(torch.tensor([token]), state.mask, positions, state.cache)
 
 
 # -- a hand-written decode step ----------------------------------------------------------
@@ -323,6 +336,16 @@ def hf_variant(
     )
 
 
+def engine_variant(model: PreTrainedModel, ids: torch.Tensor) -> Variant:
+    decoder = llama_decoder(model)
+    assert decoder is not None, "the default model is a plain Llama"
+    return timed(
+        torch.inference_mode,
+        lambda: hf_prefill(model, ids)[0],
+        lambda state, token, _: engine_step(decoder, state, token),
+    )
+
+
 def hand_variant(model: PreTrainedModel, ids: torch.Tensor, hand: HandLlama) -> Variant:
     def start() -> HandLlama:
         hand.load(hf_prefill(model, ids)[0].cache)
@@ -526,7 +549,7 @@ def main() -> None:
     for dtype, model in models.items():
         print(f"floor {dtype}: {weight_bytes(model) / 1e6:.0f} MB -> {floor_ms[dtype]:.1f} ms")
 
-    # Fed tokens: the fp32 engine call's greedy choices (any dtype's if fp32 is not asked).
+    # Fed tokens: the fp32 forward's greedy choices (any dtype's if fp32 is not asked).
     reference_model = models[args.dtypes[0]]
     fed: list[int] = []
     with torch.inference_mode():
@@ -544,6 +567,7 @@ def main() -> None:
         hands[dtype] = hand
         variants[dtype] = {
             "hf": hf_variant(model, ids, torch.inference_mode),
+            "engine": engine_variant(model, ids),
             "hf no_grad": hf_variant(model, ids, torch.no_grad),
             "hf mask None": hf_variant(model, ids, torch.inference_mode, with_mask=False),
             "hand": hand_variant(model, ids, hand),
@@ -551,7 +575,7 @@ def main() -> None:
             "matmuls only": matmul_variant(hand),
         }
         if args.threads > 1:
-            for name in ("hf", "hand", "matmuls only"):
+            for name in ("hf", "engine", "hand", "matmuls only"):
                 variants[dtype][f"{name} 1 thread"] = one_thread(variants[dtype][name])
         for mode in args.compile:
             static = HandLlama(model, fused=True, max_len=max_len, like=hand)
@@ -574,6 +598,12 @@ def main() -> None:
             profiles[f"hf {dtype}"], prof = profile_steps(
                 lambda m=model, s=state: hf_step(m, s, fed[0]), args.profile_steps, args.top
             )
+            decoder = llama_decoder(model)
+            assert decoder is not None
+            state, _ = hf_prefill(model, ids)
+            profiles[f"engine {dtype}"], _ = profile_steps(
+                lambda d=decoder, s=state: engine_step(d, s, fed[0]), args.profile_steps, args.top
+            )
             hand = hands[dtype]
             position = hand.load(hf_prefill(model, ids)[0].cache)
             profiles[f"hand {dtype}"], _ = profile_steps(
@@ -590,7 +620,7 @@ def main() -> None:
             ),
             end="",
         )
-        for name in (f"hf {dtype}", f"hand {dtype}"):
+        for name in (f"hf {dtype}", f"engine {dtype}", f"hand {dtype}"):
             p = profiles[name]
             print(
                 f"{name}: {p['ops_called_from_python_per_step']:.0f} ops called per step"
@@ -602,7 +632,7 @@ def main() -> None:
     # Interleaved rounds.
     seconds: dict[str, dict[str, list[float]]] = {d: {n: [] for n in variants[d]} for d in variants}
     diffs: dict[str, dict[str, float]] = {d: {} for d in variants}
-    fp32_diffs: dict[str, float] = {}  # bf16 variants against the fp32 engine call
+    fp32_diffs: dict[str, float] = {}  # bf16 variants against the fp32 forward
     references = {d: variants[d]["hf"](ids, fed).logits for d in variants}  # also a warm-up
     cells = [(dtype, name) for dtype in variants for name in variants[dtype]]
     for round_ in range(args.rounds):
@@ -677,11 +707,11 @@ def main() -> None:
             + ", ".join(f"{name} {diff:.2f}" for name, diff in fp32_diffs.items())
         )
     for dtype in variants:
-        hf_ms = table["hf"][dtype]["ms_per_token"]
+        engine_ms = table["engine"][dtype]["ms_per_token"]
         matmul_ms = table["matmuls only"][dtype]["ms_per_token"]
         print(
-            f"{dtype}: matmuls alone {matmul_ms:.1f} ms = {matmul_ms / hf_ms:.0%} of the engine's"
-            f" step; everything else {hf_ms - matmul_ms:.1f} ms"
+            f"{dtype}: matmuls alone {matmul_ms:.1f} ms = {matmul_ms / engine_ms:.0%} of the"
+            f" engine's step; everything else {engine_ms - matmul_ms:.1f} ms"
         )
 
     if args.json:

@@ -1,0 +1,130 @@
+"""The built-in engine's decode step for Llama-shaped models, written out in torch.
+
+At small batch a decode step is mostly per-op overhead: transformers' forward calls ~1,800
+ops from Python for SmolLM2-135M, building a 4-D mask, repeating key/value heads and
+reshaping for a sequence of one (`benchmarks/README.md`, "The built-in engine at batch
+1"). This step computes the same function without those, with the residuals added inside
+the matmuls, from the model's own parameters (no copy, so in-place updates, the shared
+trainer's optimizer step included, are seen at once), and appends to the same KV cache;
+the engine uses it for every decode step and keeps transformers' forward for prefills.
+Models of any other shape, or wrapped (a LoRA model), keep transformers' forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaForCausalLM, PreTrainedModel
+from transformers.cache_utils import Cache
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """One decoder layer's modules; their parameters are read at each call."""
+
+    norm1: nn.Module
+    q: nn.Linear
+    k: nn.Linear
+    v: nn.Linear
+    o: nn.Linear
+    norm2: nn.Module
+    gate: nn.Linear
+    up: nn.Linear
+    down: nn.Linear
+
+
+class LlamaDecoder:
+    """One token per row through a `LlamaForCausalLM`, as its forward computes it with a
+    cache: RMSNorm in float32, rotary embeddings from the model's own rotary module (any
+    rope scaling it has), grouped-query attention over the cached columns the mask keeps."""
+
+    def __init__(self, model: LlamaForCausalLM) -> None:
+        config = model.config
+        self.model = model
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.eps = config.rms_norm_eps
+        self.layers = [
+            _Layer(
+                block.input_layernorm,
+                block.self_attn.q_proj,
+                block.self_attn.k_proj,
+                block.self_attn.v_proj,
+                block.self_attn.o_proj,
+                block.post_attention_layernorm,
+                block.mlp.gate_proj,
+                block.mlp.up_proj,
+                block.mlp.down_proj,
+            )
+            for block in model.model.layers
+        ]
+
+    def __call__(
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Cache
+    ) -> torch.Tensor:
+        """Feed `ids` (B,) at `positions` (B, 1) after the `cache`d columns; `mask` (B, L)
+        marks the real columns, the new one last. Appends each layer's new key and value to
+        `cache`; returns the logits (B, V)."""
+        rows, kv_heads, dim = ids.shape[0], self.kv_heads, self.head_dim
+        x = self.model.model.embed_tokens(ids)  # (B, H)
+        cos, sin = self.model.model.rotary_emb(x, positions)  # (B, 1, D) each, in x's dtype
+        # Attention skips padding columns; a batch without any needs no mask at all.
+        keep = None if bool(mask.all()) else mask.bool()[:, None, None, :]  # (B, 1, 1, L)
+        for index, layer in enumerate(self.layers):
+            h = _rms_norm(x, layer.norm1.weight, self.eps)
+            q = _rotate(_linear(h, layer.q).view(rows, self.heads, dim), cos, sin)
+            k = _rotate(_linear(h, layer.k).view(rows, kv_heads, dim), cos, sin)
+            v = _linear(h, layer.v).view(rows, kv_heads, 1, dim)
+            keys, values = cache.update(k.unsqueeze(2), v, index)  # (B, Hk, L, D) each
+            # The query heads sharing a key/value head are that head's "query positions":
+            # the same sums as repeating keys and values per query head, without the copy.
+            attended = F.scaled_dot_product_attention(
+                q.view(rows, kv_heads, self.heads // kv_heads, dim),
+                keys,
+                values,
+                attn_mask=keep,
+                scale=dim**-0.5,
+            )  # (B, Hk, G, D)
+            x = _add_linear(x, attended.reshape(rows, self.heads * dim), layer.o)
+            h = _rms_norm(x, layer.norm2.weight, self.eps)
+            x = _add_linear(x, F.silu(_linear(h, layer.gate)) * _linear(h, layer.up), layer.down)
+        return self.model.lm_head(_rms_norm(x, self.model.model.norm.weight, self.eps))
+
+
+def llama_decoder(model: PreTrainedModel) -> LlamaDecoder | None:
+    """The written-out step for a plain Llama model; None for anything else."""
+    config = model.config
+    plain = (
+        type(model) is LlamaForCausalLM
+        and config.hidden_act == "silu"
+        and getattr(config, "pretraining_tp", 1) == 1
+    )
+    return LlamaDecoder(model) if plain else None
+
+
+def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    return F.linear(x, layer.weight, layer.bias)
+
+
+def _add_linear(x: torch.Tensor, h: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """x + layer(h), the residual added inside the matmul."""
+    return torch.addmm(x if layer.bias is None else x + layer.bias, h, layer.weight.t())
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """LlamaRMSNorm: normalised in float32, cast back before the weight."""
+    if x.dtype == torch.float32:  # no casts to dispatch
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of heads (B, N, D) at one position per row; cos, sin (B, 1, D)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin

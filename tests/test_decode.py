@@ -1,0 +1,141 @@
+"""The engine's written-out Llama decode step: transformers' logits and cache, left padding
+and all, for the model as it is now (weights changed in place included)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from reinforge.policy.batch import layout
+from reinforge.policy.decode import LlamaDecoder, llama_decoder
+from reinforge.policy.kv_cache import cache_keyword, roomy_cache
+from reinforge.policy.models import load_model
+
+
+def _llama(**overrides: object) -> LlamaForCausalLM:
+    """Grouped-query attention (4 query heads per key/value head), biases, rope scaling."""
+    config = dict(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        attention_bias=True,
+        mlp_bias=True,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**(config | overrides)))
+    with torch.no_grad():  # biases start at 0: make them count
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(std=0.1)
+    return model.eval()
+
+
+def _models() -> dict[str, LlamaForCausalLM]:
+    tiny = load_model("tiny-random")[0]
+    assert isinstance(tiny, LlamaForCausalLM)
+    return {"tiny-random": tiny, "gqa, biases, llama3 rope": _llama()}
+
+
+def _decode_both(
+    model: LlamaForCausalLM,
+    prompts: list[list[int]],
+    steps: int,
+    decoder: LlamaDecoder | None = None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Prefill `prompts` left-padded, then feed the same tokens `steps` times through
+    transformers' forward and through the written-out step (`decoder`, or one made now),
+    each on its own cache. Returns both logits per step and, per layer, both caches' keys
+    at the end."""
+    decoder = decoder or llama_decoder(model)
+    assert decoder is not None
+    keyword = cache_keyword(model)
+    ids, mask = layout(prompts, [0] * len(prompts), 0, torch.device("cpu"))
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    caches = [roomy_cache(), roomy_cache()]
+    theirs, ours = [], []
+    with torch.inference_mode():
+        for cache in caches:
+            model(input_ids=ids, attention_mask=mask, position_ids=positions, **{keyword: cache})
+        generator = torch.Generator().manual_seed(1)
+        for _ in range(steps):
+            token = torch.randint(0, model.config.vocab_size, (len(prompts),), generator=generator)
+            mask = torch.cat([mask, torch.ones((len(prompts), 1), dtype=mask.dtype)], dim=1)
+            position = mask.sum(dim=1, keepdim=True) - 1  # (B, 1)
+            theirs.append(
+                model(
+                    input_ids=token.unsqueeze(1),
+                    attention_mask=mask,
+                    position_ids=position,
+                    **{keyword: caches[0]},
+                ).logits[:, -1]
+            )
+            ours.append(decoder(token, mask, position, caches[1]))
+    keys = [(a.keys, b.keys) for a, b in zip(caches[0].layers, caches[1].layers, strict=True)]
+    return theirs, ours, keys
+
+
+@pytest.mark.parametrize("name", ["tiny-random", "gqa, biases, llama3 rope"])
+@pytest.mark.parametrize(
+    "prompts",
+    [[[5, 6, 7, 8, 9]], [[5, 6, 7], [10, 11, 12, 13, 14, 15, 16], [20]]],
+    ids=["one row, no padding", "left-padded rows"],
+)
+def test_the_written_out_step_gives_transformers_logits_and_cache(
+    name: str, prompts: list[list[int]]
+) -> None:
+    theirs, ours, keys = _decode_both(_models()[name], prompts, steps=6)
+    for expected, actual in zip(theirs, ours, strict=True):
+        torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+    for expected, actual in keys:
+        torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_bfloat16_steps_stay_within_its_rounding() -> None:
+    model = _llama().to(torch.bfloat16)
+    theirs, ours, _ = _decode_both(model, [[5, 6, 7], [10, 11, 12, 13, 14]], steps=4)
+    for expected, actual in zip(theirs, ours, strict=True):
+        assert actual.dtype == expected.dtype == torch.bfloat16
+        torch.testing.assert_close(actual.float(), expected.float(), rtol=0.05, atol=0.05)
+
+
+def test_weights_changed_in_place_are_used_at_once() -> None:
+    """The shared trainer steps the engine's own tensors: no copy may go stale."""
+    model = _llama()
+    decoder = llama_decoder(model)  # made before the change
+    before, _, _ = _decode_both(model, [[3, 4, 5], [6]], steps=2, decoder=decoder)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    theirs, ours, _ = _decode_both(model, [[3, 4, 5], [6]], steps=2, decoder=decoder)
+    for old, expected, actual in zip(before, theirs, ours, strict=True):
+        assert not torch.allclose(old, expected, atol=1e-3)  # the change shows
+        torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_other_models_keep_transformers_forward() -> None:
+    lora = get_peft_model(_llama(), LoraConfig(r=2, target_modules=["q_proj"]))
+    assert llama_decoder(lora) is None  # adapters live in the wrapped forward
+    qwen = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=100,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
+    assert llama_decoder(qwen) is None
