@@ -56,6 +56,16 @@ class Config(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _sharded_ranks_place_themselves(self) -> Self:
+        if self.trainer.world_size > 1 and self.model.device != "auto":
+            raise ValueError(
+                f"model.device is {self.model.device}: a sharded trainer (trainer.world_size "
+                f"{self.trainer.world_size}) puts each rank on its own GPU, or the CPU; leave "
+                "it at auto"
+            )
+        return self
+
 
 class EvalSection(Section):
     tasks: int = Field(16, ge=1)

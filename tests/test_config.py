@@ -18,8 +18,7 @@ from reinforge.envs.registry import load_configured
 from reinforge.errors import UsageError
 from reinforge.policy.models import resolve_device
 from reinforge.train.algorithm import ConstantNorm
-from reinforge.train.config import OptimConfig, TrainerConfig
-from reinforge.train.trainer import Trainer, TrainerSpec, build_trainer
+from reinforge.train.config import TrainerConfig
 
 from .commands import ROOT, reinforge
 
@@ -110,9 +109,12 @@ def test_model_device_resolves_in_one_place_and_bad_names_are_one_line():
     if not torch.cuda.is_available():
         with pytest.raises(UsageError, match="^model.device is cuda:1 but torch sees no CUDA"):
             resolve_device("cuda:1")
-    sharded = TrainerSpec("tiny-random", TrainerConfig(world_size=2), OptimConfig(), 1, None, "cpu")
-    with pytest.raises(UsageError, match="each rank on its own GPU, or the CPU; leave it at auto"):
-        build_trainer(Trainer, sharded)
+    with pytest.raises(UsageError) as sharded:  # at load, before any rank starts
+        load_config(Config, None, ["trainer.world_size=2", 'model.device="cpu"'])
+    assert str(sharded.value) == (
+        "config: model.device is cpu: a sharded trainer (trainer.world_size 2) puts each rank "
+        "on its own GPU, or the CPU; leave it at auto"
+    )
 
 
 def test_the_config_reference_is_current():

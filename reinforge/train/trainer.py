@@ -20,7 +20,6 @@ from safetensors.torch import save_file
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from reinforge.errors import UsageError
 from reinforge.policy.config import ModelConfig
 from reinforge.policy.models import load_model, resolve_device
 from reinforge.train.batching import TrainBatch, micro_batches
@@ -303,12 +302,8 @@ def build_trainer(kind: type[AnyTrainer], spec: TrainerSpec) -> AnyTrainer:
     """A `kind` trainer of `spec`'s model, resumed from its checkpoint when it names one.
     The KL reference is the configured model, not a resumed checkpoint; a LoRA model needs
     none (its base is the reference). Both go to `spec.device`; a sharded trainer's ranks
-    each take their own GPU, or the CPU, as auto places them."""
-    if spec.config.world_size > 1 and spec.device != "auto":
-        raise UsageError(
-            f"model.device is {spec.device}: a sharded trainer puts each rank on its own GPU, "
-            "or the CPU; leave it at auto"
-        )
+    each take their own GPU, or the CPU, as auto places them (the config allows no other
+    device for them)."""
     device = resolve_device(spec.device)
     model, _ = load_trainable(spec.model, spec.config, spec.checkpoint)
     reference = None
