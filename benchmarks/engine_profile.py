@@ -110,10 +110,10 @@ def hf_prefill(model: PreTrainedModel, ids: torch.Tensor) -> tuple[HFState, torc
 def hf_step(
     model: PreTrainedModel, state: HFState, token: int, *, with_mask: bool = True
 ) -> torch.Tensor:
-    """`Engine._decode` for one row: logits (1, V) after feeding `token`."""
+    """`Engine._decode` for one row through transformers' forward: logits (1, V) after
+    feeding `token`."""
     last = torch.tensor([token])  # (B,)
-    state.mask = torch.cat([state.mask, torch.ones((1, 1), dtype=torch.long)], dim=1)
-    positions = state.mask.sum(dim=1, keepdim=True) - 1  # (B, 1)
+    positions = grow(state)
     return model(
         input_ids=last.unsqueeze(1),
         attention_mask=state.mask if with_mask else None,
@@ -125,9 +125,15 @@ def hf_step(
 
 def engine_step(decoder: LlamaDecoder, state: HFState, token: int) -> torch.Tensor:
     """`Engine._decode` for one row through the engine's written-out step: logits (1, V)."""
-    state.mask = torch.cat([state.mask, torch.ones((1, 1), dtype=torch.long)], dim=1)
-    positions = state.mask.sum(dim=1, keepdim=True) - 1  # (B, 1)
+    positions = grow(state)
     return decoder(torch.tensor([token]), state.mask, positions, state.cache)
+
+
+def grow(state: HFState) -> torch.Tensor:
+    """The mask grown by the new token's column, as `Engine._decode` grows it; the new
+    token's position (1, 1)."""
+    state.mask = torch.cat([state.mask, torch.ones((1, 1), dtype=torch.long)], dim=1)
+    return state.mask.sum(dim=1, keepdim=True) - 1
 
 
 # -- a hand-written decode step ----------------------------------------------------------

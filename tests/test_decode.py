@@ -9,7 +9,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from reinforge.policy.batch import layout
-from reinforge.policy.decode import LlamaDecoder, llama_decoder
+from reinforge.policy.decode import LlamaDecoder, decode_step, llama_decoder
 from reinforge.policy.kv_cache import cache_keyword, roomy_cache
 from reinforge.policy.models import load_model
 
@@ -139,3 +139,12 @@ def test_other_models_keep_transformers_forward() -> None:
         )
     )
     assert llama_decoder(qwen) is None
+    # Their decode step is transformers' forward, fed as the engine feeds it.
+    prompt = torch.tensor([[5, 6, 7]])
+    with torch.inference_mode():
+        cache = roomy_cache()
+        qwen(input_ids=prompt, **{cache_keyword(qwen): cache})
+        mask = torch.ones((1, 4), dtype=torch.long)
+        logits = decode_step(qwen)(torch.tensor([8]), mask, torch.tensor([[3]]), cache)
+        expected = qwen(input_ids=torch.tensor([[5, 6, 7, 8]])).logits[:, -1]
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-5)

@@ -12,6 +12,7 @@ Models of any other shape, or wrapped (a LoRA model), keep transformers' forward
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,12 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaForCausalLM, PreTrainedModel
 from transformers.cache_utils import Cache
+
+from reinforge.policy.kv_cache import cache_keyword
+
+DecodeStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Cache], torch.Tensor]
+"""(ids (B,), mask (B, L), positions (B, 1), cache) -> logits (B, V), the cache appended:
+one token per running row, as `LlamaDecoder.__call__` describes."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,28 @@ class LlamaDecoder:
             h = _rms_norm(x, layer.norm2.weight, self.eps)
             x = _add_linear(x, F.silu(_linear(h, layer.gate)) * _linear(h, layer.up), layer.down)
         return self.model.lm_head(_rms_norm(x, self.model.model.norm.weight, self.eps))
+
+
+def decode_step(model: PreTrainedModel) -> DecodeStep:
+    """The engine's decode step for `model`: the written-out one for a plain Llama model,
+    transformers' forward for any other."""
+    decoder = llama_decoder(model)
+    if decoder is not None:
+        return decoder
+    keyword = cache_keyword(model)  # read once: not per decode step
+
+    def forward(
+        ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Cache
+    ) -> torch.Tensor:
+        return model(
+            input_ids=ids.unsqueeze(1),  # (B, 1)
+            attention_mask=mask,
+            position_ids=positions,
+            **{keyword: cache},
+            use_cache=True,
+        ).logits[:, -1]
+
+    return forward
 
 
 def llama_decoder(model: PreTrainedModel) -> LlamaDecoder | None:

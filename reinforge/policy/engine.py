@@ -35,7 +35,7 @@ from transformers.cache_utils import Cache
 
 from reinforge.policy.batch import Batch, cache_with_prefixes, layout
 from reinforge.policy.config import EngineConfig
-from reinforge.policy.decode import llama_decoder
+from reinforge.policy.decode import decode_step
 from reinforge.policy.kv_cache import cache_keyword, roomy_cache
 from reinforge.policy.models import load_model
 from reinforge.policy.prefix_cache import PrefixCache
@@ -137,7 +137,7 @@ class Engine:
         self.max_context = int(getattr(model.config, "max_position_embeddings", 2048))
         self.eos_ids = eos_ids_of(model.generation_config, tokenizer)
         self._cache_keyword = cache_keyword(model)  # read once: not per decode step
-        self._decoder = llama_decoder(model)  # decode steps without transformers' overhead
+        self._decode_step = decode_step(model)
         self.version = 0
         self.stats = EngineStats()
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -353,17 +353,8 @@ class Engine:
         batch.mask = torch.cat([batch.mask, new_column], dim=1)  # (B, L+1)
         positions = batch.mask.sum(dim=1, keepdim=True) - 1  # (B, 1)
         ids = torch.tensor(last, device=self.device)  # (B,)
-        if self._decoder is not None:
-            assert batch.cache is not None
-            logits = self._decoder(ids, batch.mask, positions, batch.cache)  # (B, V)
-        else:
-            logits = self.model(
-                input_ids=ids.unsqueeze(1),  # (B, 1)
-                attention_mask=batch.mask,
-                position_ids=positions,
-                **{self._cache_keyword: batch.cache},
-                use_cache=True,
-            ).logits[:, -1]  # (B, V)
+        assert batch.cache is not None
+        logits = self._decode_step(ids, batch.mask, positions, batch.cache)  # (B, V)
         self.stats.decode_steps += 1
         self._accept(batch, logits, first_new_row=0)
 
