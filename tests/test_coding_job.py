@@ -63,10 +63,20 @@ def test_oracle_transcripts_are_tool_calls_that_render_as_sft_data(tmp_path):
     assert result.returncode == 0, result.stderr
     trajectories = read_trajectories(out / "trajectories.jsonl")
     assert len(trajectories) == 3 and all(t.reward == 1.0 for t in trajectories)
+    looked = 0
     for trajectory in trajectories:
-        system, user, call, tool, answer = trajectory.messages
+        system, user, *look, call, tool, answer = trajectory.messages
         assert system["role"] == "system" and "/app" in system["content"]
-        solve = (TASKS / trajectory.task_id / "solution" / "solve.sh").read_text()
+        task_dir = TASKS / trajectory.task_id
+        if look:  # each file the instruction names that exists, read before the change
+            reads, *reports = look
+            paths = [json.loads(c["function"]["arguments"])["path"] for c in reads["tool_calls"]]
+            assert all(f"`{path}`" in user["content"] for path in paths)
+            for path, report in zip(paths, reports, strict=True):
+                original = task_dir / "environment" / path.removeprefix("/app/")
+                assert report["role"] == "tool" and report["content"] == original.read_text()
+            looked += 1
+        solve = (task_dir / "solution" / "solve.sh").read_text()
         (tool_call,) = call["tool_calls"]
         assert tool_call["function"]["name"] == "bash"
         command = json.loads(tool_call["function"]["arguments"])["command"]
@@ -76,6 +86,7 @@ def test_oracle_transcripts_are_tool_calls_that_render_as_sft_data(tmp_path):
         assert [t["function"]["name"] for t in trajectory.tools] == [
             "bash", "read_file", "write_file", "edit",
         ]  # fmt: skip
+    assert looked  # the first tasks of the split edit files they name
 
     tokenizer = load_tokenizer("tiny-random")
     examples = load_data(SFTConfig(data=[out], min_reward=1.0), tokenizer).examples
@@ -84,7 +95,8 @@ def test_oracle_transcripts_are_tool_calls_that_render_as_sft_data(tmp_path):
         trained = tokenizer.decode(
             [t for t, m in zip(example.token_ids, example.loss_mask, strict=True) if m]
         )
-        assert trained.startswith('<tool_call>\n{"name": "bash", "arguments": {"command": ')
+        assert trained.startswith('<tool_call>\n{"name": "')
+        assert '<tool_call>\n{"name": "bash", "arguments": {"command": ' in trained
         assert trained.endswith(trajectory.messages[-1]["content"] + "<|im_end|>")
 
 

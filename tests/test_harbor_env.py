@@ -218,6 +218,40 @@ async def test_the_agent_timeout_of_task_toml_ends_the_agent_phase_and_grading_g
     assert trajectory.info["agent_timed_out"] is True
 
 
+async def test_the_oracle_reads_the_files_its_instruction_names_when_read_file_is_offered(
+    tmp_path,
+):
+    path = write_task(
+        tmp_path,
+        "fix",
+        "grep -qx 'b = 2' /app/b.txt && echo 1 > /logs/verifier/reward.txt\n",
+        dockerfile="FROM python:3.11-slim\nWORKDIR /app\nCOPY b.txt /app/b.txt\n",
+        solve_sh="#!/bin/bash\nsed -i 's/b = 1/b = 2/' b.txt\n",
+    )
+    (path / "environment" / "b.txt").write_text("b = 1\n")
+    (path / "instruction.md").write_text(
+        "In `/app/b.txt` set b to 2; `/app/missing.txt` is not there; `/app/b.txt` again.\n"
+    )
+    (trajectory,) = await run_all(load_environment(str(path), agent="oracle"))
+    _, _, reads, report, solve, _, answer = trajectory.messages
+    (read,) = reads["tool_calls"]  # each named file once, and only those that exist
+    assert read["function"] == {"name": "read_file", "arguments": '{"path": "/app/b.txt"}'}
+    assert report == {
+        "role": "tool", "tool_call_id": read["id"], "name": "read_file", "content": "b = 1\n",
+    }  # fmt: skip
+    assert solve["tool_calls"][0]["function"]["name"] == "bash" and trajectory.reward == 1.0
+    assert answer["role"] == "assistant"
+
+    bash_only = load_environment(str(path), agent="oracle", tools=["bash"])
+    assert [t.name for t in bash_only.harness.tools] == ["bash"]
+    (trajectory,) = await run_all(bash_only)
+    assert [m["role"] for m in trajectory.messages] == [
+        "system", "user", "assistant", "tool", "assistant",
+    ]  # fmt: skip
+    with pytest.raises(UsageError, match="tools \\['shell'\\]: name one or more of bash"):
+        load_environment(str(path), tools=["shell"])
+
+
 def test_tasks_that_need_docker_are_skipped_with_a_reason(tmp_path, capsys):
     write_task(tmp_path, "runs", "true\n")
     write_task(tmp_path, "builds", "true\n", dockerfile="FROM x\nRUN apt-get update\n")

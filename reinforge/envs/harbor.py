@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import sys
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -35,7 +37,7 @@ from reinforge.envs.harbor_verify import (
     verifier_env,
 )
 from reinforge.envs.rubric import Reward, Rubric
-from reinforge.envs.sandbox import SANDBOX, SandboxTools
+from reinforge.envs.sandbox import SANDBOX, TOOL_NAMES, SandboxTools
 from reinforge.errors import UsageError
 from reinforge.policy.client import ChatClient
 from reinforge.sandbox.local import LocalProvider
@@ -61,6 +63,8 @@ class ScriptAgent:
     script: str
 
 
+NAMED_PATH = re.compile(r"`(/[^`\s]+)`")
+"""An absolute path written in backticks in an instruction: a file the oracle looks at."""
 ORACLE_ANSWER = "I ran the commands above; the task is done."
 SYSTEM_PROMPT = (
     "You are an agent working in a Linux sandbox. Your working directory is {workdir}. "
@@ -83,6 +87,7 @@ class HarborEnvironment(Environment):
         max_sandboxes: int = 32,
         allow_internet: bool = False,
         format_weight: float = 0.0,
+        tools: Sequence[str] = TOOL_NAMES,
     ) -> None:
         self.skipped = {t.name: t.plan.needs_docker for t in tasks if t.plan.needs_docker}
         self.runnable = {t.name: t for t in tasks if not t.plan.needs_docker}
@@ -91,8 +96,9 @@ class HarborEnvironment(Environment):
         if not self.runnable:
             raise UsageError(f"{name}: no task runs without Docker ({len(tasks)} skipped)")
         self.sandbox_tools = SandboxTools()
+        self.tool_names = tuple(tools)
         harness = Harness(
-            tools=self.sandbox_tools.tools(),
+            tools=self.sandbox_tools.tools(tools),
             max_turns=max_turns,
             max_tokens_per_turn=max_tokens_per_turn,
         )
@@ -224,9 +230,11 @@ class HarborEnvironment(Environment):
     async def _oracle(self, task: HarborTask, episode: Episode) -> None:
         """Run `solution/solve.sh` as Harbor does (bash, the solution's ENV, no time limit
         but the agent's), and record it as the conversation a model agent would have had:
-        one `bash` call holding the script (less its `#!` line), its output as the tool
-        reports it, and a final answer. Those transcripts are SFT data that teaches the
-        tool-call format (`examples/coding-sft.toml`)."""
+        a `read_file` call (when that tool is offered) for each file the instruction names
+        by absolute path that exists, then one `bash` call holding the script (less its
+        `#!` line), each with what the tool reports, and a final answer. Those transcripts
+        are SFT data that teaches the tool-call format, and to look at a file before
+        changing it (`examples/coding-sft.toml`)."""
         sandbox: PooledSandbox = episode.resources[SANDBOX]
         solve = task.solution_dir / "solve.sh"
         if not solve.is_file():
@@ -234,20 +242,22 @@ class HarborEnvironment(Environment):
         script = solve.read_text(encoding="utf-8", errors="replace")
         if script.startswith("#!"):  # a shell command, as a model would write it
             script = script.split("\n", 1)[1] if "\n" in script else ""
-        call = {
-            "id": "call_oracle",
-            "type": "function",
-            "function": {"name": "bash", "arguments": json.dumps({"command": script})},
-        }
-        episode.messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        offered = "read_file" in self.tool_names
+        named = list(dict.fromkeys(NAMED_PATH.findall(task.instruction))) if offered else []
+        present = await sandbox.read_files(named) if named else {}
+        looks = [path for path in named if present[path] is not None]
+        if looks:
+            reads = [
+                (f"call_read_{i}", "read_file", {"path": path}) for i, path in enumerate(looks)
+            ]
+            reports = [await self.sandbox_tools.read_file(path, episode) for path in looks]
+            _record_calls(episode, reads, reports)
         await sandbox.upload_tar(tests_tar(task.solution_dir), SOLUTION_DIR)
         env = dict(task.plan.env) | task.config.solution.env
         result = await sandbox.exec(["bash", f"{SOLUTION_DIR}/solve.sh"], env=env)
         _keep_output(episode, "oracle", result)
-        report = self.sandbox_tools.report(result)
-        episode.messages.append(
-            {"role": "tool", "tool_call_id": "call_oracle", "name": "bash", "content": report}
-        )
+        solve_call = ("call_oracle", "bash", {"command": script})
+        _record_calls(episode, [solve_call], [self.sandbox_tools.report(result)])
         episode.messages.append({"role": "assistant", "content": ORACLE_ANSWER})
 
     async def _script(self, agent: ScriptAgent, task: HarborTask, episode: Episode) -> None:
@@ -338,6 +348,30 @@ def tool_format(episode: Episode) -> float:
     learned the format still writes malformed JSON half the time); it can be had with any
     well-formed call, so it must stay well below the verifier's 1."""
     return float(episode.tool_calls > 0 and episode.tool_errors == 0)
+
+
+def _record_calls(
+    episode: Episode, calls: list[tuple[str, str, dict[str, str]]], reports: list[str]
+) -> None:
+    """One assistant turn making `calls` (id, tool, arguments), and each tool's report."""
+    episode.messages.append(
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(args)},
+                }
+                for call_id, name, args in calls
+            ],
+        }
+    )
+    for (call_id, name, _), report in zip(calls, reports, strict=True):
+        episode.messages.append(
+            {"role": "tool", "tool_call_id": call_id, "name": name, "content": report}
+        )
 
 
 def _keep_output(episode: Episode, agent: str, result: ExecResult) -> None:

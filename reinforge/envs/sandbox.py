@@ -10,15 +10,18 @@ sandbox, with output truncation and per-call timeouts. Graders never run in the 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from reinforge.envs.environment import Environment, Harness
 from reinforge.envs.episode import Episode
 from reinforge.envs.rubric import Rubric
 from reinforge.envs.tools import Tool
+from reinforge.errors import UsageError
 from reinforge.sandbox.local import LocalProvider
 from reinforge.sandbox.pool import PooledSandbox, SandboxPool
 from reinforge.sandbox.protocol import ExecResult, SandboxProvider, SandboxSpec
 
+TOOL_NAMES = ("bash", "read_file", "write_file", "edit")
 SANDBOX = "sandbox"
 """The key of the episode's sandbox in `Episode.resources`."""
 
@@ -37,8 +40,13 @@ class SandboxTools:
         self.timeout_s = timeout_s
         self.max_output_chars = max_output_chars
 
-    def tools(self) -> list[Tool]:
-        return [Tool(self.bash), Tool(self.read_file), Tool(self.write_file), Tool(self.edit)]
+    def tools(self, names: Sequence[str] = TOOL_NAMES) -> list[Tool]:
+        """The tools called `names`: every one the model is told of costs prompt tokens in
+        each rollout, so an environment may offer fewer."""
+        unknown = [name for name in names if name not in TOOL_NAMES]
+        if unknown or not names:
+            raise UsageError(f"tools {list(names)}: name one or more of {', '.join(TOOL_NAMES)}")
+        return [Tool(getattr(self, name)) for name in names]
 
     async def bash(self, command: str, episode: Episode) -> str:
         """Run a shell command in your sandbox; returns its exit code and output.

@@ -1,4 +1,4 @@
 #!/bin/bash
 set -e
 cd /app
-printf 'ship it\n' >> todo.txt
+echo 'ship it' >> todo.txt

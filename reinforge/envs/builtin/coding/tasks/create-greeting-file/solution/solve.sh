@@ -1,4 +1,6 @@
 #!/bin/bash
 set -e
 cd /app
-printf 'Hello, sandbox!\n' > greeting.txt
+cat > greeting.txt <<'EOF'
+Hello, sandbox!
+EOF

@@ -1,4 +1,6 @@
 #!/bin/bash
 set -e
 cd /app
-printf 'print("Hello, world!")\n' > hello.py
+cat > hello.py <<'EOF'
+print("Hello, world!")
+EOF

@@ -1,4 +1,7 @@
 #!/bin/bash
 set -e
 cd /app
-printf '#!/bin/bash\necho "Good morning"\n' > morning.sh
+cat > morning.sh <<'EOF'
+#!/bin/bash
+echo "Good morning"
+EOF

@@ -1,4 +1,7 @@
 #!/bin/bash
 set -e
 cd /app
-printf 'name: api\nport: 8443\n' > service.yaml
+cat > service.yaml <<'EOF'
+name: api
+port: 8443
+EOF

@@ -1,4 +1,8 @@
 #!/bin/bash
 set -e
 cd /app
-printf 'milk\neggs\nbread\n' > shopping.txt
+cat > shopping.txt <<'EOF'
+milk
+eggs
+bread
+EOF

@@ -1,4 +1,4 @@
 #!/bin/bash
 set -e
 cd /app
-sed -i 's/image: redis:6$/image: redis:7/' compose.yaml
+sed -i 's/image: redis:6/image: redis:7/' compose.yaml

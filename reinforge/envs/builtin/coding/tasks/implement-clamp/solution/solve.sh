@@ -1,12 +1,4 @@
 #!/bin/bash
 set -e
 cd /app
-cat > mathutils.py <<'PY'
-def clamp(value, low, high):
-    """`value` limited to the range [low, high]."""
-    if value < low:
-        return low
-    if value > high:
-        return high
-    return value
-PY
+sed -i 's/raise NotImplementedError/return max(low, min(value, high))/' mathutils.py

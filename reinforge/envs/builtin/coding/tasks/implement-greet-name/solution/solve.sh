@@ -1,8 +1,4 @@
 #!/bin/bash
 set -e
 cd /app
-cat > greeter.py <<'EOF'
-def greet(name):
-    """The greeting "Hi, <name>!"."""
-    return "Hi, " + name + "!"
-EOF
+sed -i 's/raise NotImplementedError/return "Hi, " + name + "!"/' greeter.py
