@@ -96,7 +96,6 @@ class HarborEnvironment(Environment):
         if not self.runnable:
             raise UsageError(f"{name}: no task runs without Docker ({len(tasks)} skipped)")
         self.sandbox_tools = SandboxTools()
-        self.tool_names = tuple(tools)
         harness = Harness(
             tools=self.sandbox_tools.tools(tools),
             max_turns=max_turns,
@@ -242,16 +241,16 @@ class HarborEnvironment(Environment):
         script = solve.read_text(encoding="utf-8", errors="replace")
         if script.startswith("#!"):  # a shell command, as a model would write it
             script = script.split("\n", 1)[1] if "\n" in script else ""
-        offered = "read_file" in self.tool_names
-        named = list(dict.fromkeys(NAMED_PATH.findall(task.instruction))) if offered else []
-        present = await sandbox.read_files(named) if named else {}
-        looks = [path for path in named if present[path] is not None]
-        if looks:
-            reads = [
-                (f"call_read_{i}", "read_file", {"path": path}) for i, path in enumerate(looks)
-            ]
-            reports = [await self.sandbox_tools.read_file(path, episode) for path in looks]
-            _record_calls(episode, reads, reports)
+        if any(tool.name == "read_file" for tool in self.harness.tools):
+            reads, reports = [], []
+            for path in dict.fromkeys(NAMED_PATH.findall(task.instruction)):
+                try:
+                    reports.append(await self.sandbox_tools.read_file(path, episode))
+                except FileNotFoundError:  # a file the task asks for: nothing to look at
+                    continue
+                reads.append((f"call_read_{len(reads)}", "read_file", {"path": path}))
+            if reads:
+                _record_calls(episode, reads, reports)
         await sandbox.upload_tar(tests_tar(task.solution_dir), SOLUTION_DIR)
         env = dict(task.plan.env) | task.config.solution.env
         result = await sandbox.exec(["bash", f"{SOLUTION_DIR}/solve.sh"], env=env)
