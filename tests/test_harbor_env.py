@@ -244,6 +244,9 @@ async def test_the_oracle_reads_the_files_its_instruction_names_when_read_file_i
 
     bash_only = load_environment(str(path), agent="oracle", tools=["bash"])
     assert [t.name for t in bash_only.harness.tools] == ["bash"]
+    nop = bash_only.with_agent("nop")  # the audit's baselines keep the offered tools
+    assert [t.name for t in nop.harness.tools] == ["bash"]
+    await nop.aclose()
     (trajectory,) = await run_all(bash_only)
     assert [m["role"] for m in trajectory.messages] == [
         "system", "user", "assistant", "tool", "assistant",

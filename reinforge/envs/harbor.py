@@ -24,7 +24,7 @@ from typing import Any, Literal, get_args
 from reinforge.envs.environment import Environment, Harness
 from reinforge.envs.episode import Episode
 from reinforge.envs.hacks import hack_flags
-from reinforge.envs.harbor_task import HarborTask, find_tasks
+from reinforge.envs.harbor_task import HarborTask, find_tasks, load_task
 from reinforge.envs.harbor_verify import (
     LOGS_DIR,
     LOGS_DISK_BYTES,
@@ -135,6 +135,7 @@ class HarborEnvironment(Environment):
             self._max_sandboxes,
             self.allow_internet,
             self.format_weight,
+            [tool.name for tool in self.harness.tools],
         )
 
     @property
@@ -388,6 +389,7 @@ def load_environment(
     tiers: list[str] | None = None,
     split: Split = "all",
     test_fraction: float = 0.25,
+    train_only: Sequence[Path] = (),
     **kwargs: Any,
 ) -> Environment:
     """A task dir or a folder of them as an environment (named after the directory).
@@ -396,6 +398,8 @@ def load_environment(
     train or test part of a fixed split: a task is in test when a hash of its name falls in
     the lowest `test_fraction` of the range, so the split of a task never changes when
     tasks are added, and a run trained on `train` is evaluated on tasks it never saw.
+    `train_only` are task dirs that join the train split whatever their names (generated
+    variants of the tasks, which must never be held out).
     """
     path = Path(path)
     if not path.is_dir():
@@ -405,10 +409,12 @@ def load_environment(
     if not 0.0 < test_fraction < 1.0:
         raise UsageError(f"test_fraction {test_fraction}: must be between 0 and 1")
     tasks = find_tasks(path)
-    if tiers is not None:
-        tasks = [t for t in tasks if t.config.metadata.get("difficulty") in tiers]
     if split != "all":
         tasks = [t for t in tasks if in_test_split(t.name, test_fraction) == (split == "test")]
+    if split != "test":
+        tasks += [load_task(p) for p in train_only]
+    if tiers is not None:
+        tasks = [t for t in tasks if t.config.metadata.get("difficulty") in tiers]
     if not tasks:
         raise UsageError(f"{path}: no task of tiers {tiers} in split {split!r}")
     return HarborEnvironment(tasks, name=name or path.resolve().name, **kwargs)

@@ -3,19 +3,36 @@
 Each task directory under `tasks/` has an instruction, a Dockerfile that the local
 backend replays (FROM, WORKDIR, COPY), hidden tests run after the agent phase and a
 reference solution (`--agent oracle`). The tiers are in each task.toml's
-`[metadata] difficulty`.
+`[metadata] difficulty`. `generated` adds that many generated easy tasks
+(`generated.py`) to the train split.
 """
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
+from reinforge.envs.builtin.coding.generated import generate
 from reinforge.envs.environment import Environment
 from reinforge.envs.harbor import load_environment as load_harbor
+from reinforge.errors import UsageError
 
 TASKS = Path(__file__).parent / "tasks"
 
 
-def load_environment(**kwargs: Any) -> Environment:
-    return load_harbor(TASKS, name="coding", **kwargs)
+def load_environment(generated: int = 0, generated_seed: int = 0, **kwargs: Any) -> Environment:
+    if generated < 0:
+        raise UsageError(f"generated {generated}: must be 0 or more")
+    if generated and kwargs.get("split") == "test":
+        raise UsageError(
+            "generated tasks only join the train split; the test split is the written tasks"
+        )
+    train_only: list[Path] = []
+    if generated:
+        root = Path(tempfile.mkdtemp(prefix="reinforge-coding-"))
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+        train_only = generate(generated, generated_seed, root)
+    return load_harbor(TASKS, name="coding", train_only=train_only, **kwargs)

@@ -1,0 +1,65 @@
+"""The generated coding tasks on real sandboxes: each kind is solved by its reference
+solution and not by doing nothing, the audit finds no hack, the same seed gives the same
+tasks, and they only ever join the train split."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reinforge.envs.builtin.coding import load_environment
+from reinforge.envs.builtin.coding.generated import KINDS, generate
+from reinforge.errors import UsageError
+
+from .commands import reinforge
+from .test_harbor_env import run_all
+
+
+def generated(env) -> list[str]:
+    return sorted(name for name in env.runnable if name.startswith("generated-"))
+
+
+@pytest.mark.parametrize(("agent", "reward"), [("oracle", 1.0), ("nop", 0.0)])
+async def test_every_kind_scores_1_with_its_solution_and_0_untouched(agent, reward):
+    env = load_environment(generated=2 * len(KINDS), split="train", tiers=["easy"], agent=agent)
+    names = generated(env)
+    assert len(names) == 2 * len(KINDS)
+    assert {name.rsplit("-", 1)[0] for name in names} == {
+        "generated-" + kind.__name__.replace("_", "-") for kind in KINDS
+    }
+    trajectories = [t for t in await run_all(env) if t.task_id in names]
+    assert len(trajectories) == len(names)
+    assert all(t.status == "ok" and t.reward == reward for t in trajectories), trajectories
+
+
+def test_the_generated_tasks_audit_clean(tmp_path):
+    generate(len(KINDS), seed=0, root=tmp_path / "tasks")
+    out = tmp_path / "audit.json"
+    result = reinforge("audit", str(tmp_path / "tasks"), "--json", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(out.read_text())
+    assert report["hacked"] == 0 and len(report["tasks"]) == len(KINDS)
+    assert report["oracle_mean"] == 1.0 and report["nop_mean"] == 0.0
+
+
+def test_a_seed_gives_the_same_tasks_and_another_seed_others(tmp_path):
+    def instructions(seed: int, name: str) -> list[str]:
+        paths = generate(len(KINDS), seed, tmp_path / name)
+        return [(p / "instruction.md").read_text() for p in paths]
+
+    first = instructions(0, "a")
+    assert first == instructions(0, "b")
+    assert first != instructions(1, "c")
+
+
+def test_generated_tasks_join_train_and_never_the_held_out_split():
+    written = load_environment(split="train")
+    train = load_environment(split="train", generated=5)
+    assert set(train.runnable) == set(written.runnable) | set(generated(train))
+    assert len(generated(train)) == 5
+    assert not generated(load_environment(split="all", tiers=["medium"], generated=5))
+    with pytest.raises(UsageError, match="generated tasks only join the train split"):
+        load_environment(split="test", generated=5)
+    with pytest.raises(UsageError, match="generated -1: must be 0 or more"):
+        load_environment(generated=-1)
