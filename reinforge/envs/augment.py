@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Self
 from pydantic import Field, model_validator
 
 from reinforge.envs.subagent import SUBAGENT_CALLS, SubAgent, SubAgentConfig
-from reinforge.policy.chat import ToolFormat
+from reinforge.policy.chat import CHAT_API_FORMAT, ToolFormat
 from reinforge.types import Message, Record, Section, Status, Trajectory
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ class HarnessAugmentation(Section):
         }
         order = rng.random() if self.shuffle_tools else None
         # Drawn after the features above, so that adding these leaves their draws as they were.
-        tool_format = rng.choice(self.tool_formats) if self.tool_formats else "hermes"
+        tool_format = rng.choice(self.tool_formats) if self.tool_formats else CHAT_API_FORMAT
         subagent = self.subagent is not None and rng.random() < self.subagent.rate
         return Variant(self, number, prompt, notes, names, described, order, tool_format, subagent)
 
@@ -138,7 +138,7 @@ class Variant:
     order_key: float | None
     """Seeds the tool order, so the same variant always orders tools alike; None: the
     environment's order."""
-    tool_format: ToolFormat = "hermes"
+    tool_format: ToolFormat = CHAT_API_FORMAT
     """How the model is asked to write tool calls; hermes is the environment's own."""
     subagent: bool = False
     """Whether the rollout is offered the `subagent` tool."""

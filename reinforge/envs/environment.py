@@ -19,7 +19,7 @@ from reinforge.envs.levels import ReasoningLevels
 from reinforge.envs.rubric import Rubric
 from reinforge.envs.subagent import SUBAGENT_CALLS, SubAgent
 from reinforge.envs.tools import Tool, ToolResult
-from reinforge.policy.chat import parse_tool_calls
+from reinforge.policy.chat import CHAT_API_FORMAT, parse_tool_calls
 from reinforge.policy.client import ChatClient, EpisodeClient, EpisodeLimit
 from reinforge.types import Message, Task
 
@@ -139,9 +139,9 @@ class Environment:
         """`_play`'s loop, which a sub-agent's episode runs too with a `respond` of its own."""
         harness = self.harness
         tools = self._episode_tools(episode)
-        # Hermes calls go through the chat API; other formats were told in the system prompt.
-        hermes = episode.tool_format == "hermes"
-        schemas = [t.schema for t in tools.values()] if hermes else []
+        # The chat API's calls go through it; other formats were told in the system prompt.
+        through_api = episode.tool_format == CHAT_API_FORMAT
+        schemas = [t.schema for t in tools.values()] if through_api else []
         while episode.turns < max_turns:
             try:
                 reply = await client.chat(

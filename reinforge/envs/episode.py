@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from reinforge.envs.levels import Level
-from reinforge.policy.chat import ToolFormat, with_tool_prompt
+from reinforge.policy.chat import CHAT_API_FORMAT, ToolFormat, with_tool_prompt
 from reinforge.types import Message, Task
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ class Episode:
     tools: list[Tool] | None = None
     """The tools as this rollout was shown them, when the run varies the harness (renamed,
     redescribed, reordered); None: the harness's."""
-    tool_format: ToolFormat = "hermes"
+    tool_format: ToolFormat = CHAT_API_FORMAT
     """How the model was asked to write tool calls. Hermes is the chat API's: the tools go
     with each request, and the server tells them to the model and parses its calls; any
     other format is told in the system prompt (`offer_tools`) and read from the text."""
@@ -49,7 +49,7 @@ class Episode:
         schemas = [t.schema for t in tools]
         if not schemas:
             return None
-        if tool_format == "hermes":
+        if tool_format == CHAT_API_FORMAT:
             return schemas
         self.messages = with_tool_prompt(self.messages, schemas, tool_format)
         return None

@@ -52,6 +52,10 @@ ToolFormat = Literal["hermes", "xml"]
 server turns into `tool_calls`. "xml": Qwen3-Coder's style, `<function=NAME>` holding one
 `<parameter=ARGUMENT>value</parameter>` block per argument, each value plain text."""
 
+CHAT_API_FORMAT: ToolFormat = "hermes"
+"""The format the chat API's `tools` and `tool_calls` stand for, so the one an
+environment uses unless a harness variant asks for another."""
+
 
 class TemplateError(ValueError):
     """The conversation cannot be rendered (or continued) with this chat template."""
@@ -205,7 +209,7 @@ _MARKUPS: dict[ToolFormat, _Markup] = {
 }
 
 
-def tool_system_prompt(tools: Sequence[dict], format: ToolFormat = "hermes") -> str:
+def tool_system_prompt(tools: Sequence[dict], format: ToolFormat = CHAT_API_FORMAT) -> str:
     schemas = "\n".join(json.dumps(tool, separators=(",", ":")) for tool in tools)
     return (
         "You may call tools. Their JSON schemas:\n<tools>\n"
@@ -215,7 +219,7 @@ def tool_system_prompt(tools: Sequence[dict], format: ToolFormat = "hermes") -> 
 
 
 def with_tool_prompt(
-    messages: list[Message], tools: Sequence[dict], format: ToolFormat = "hermes"
+    messages: list[Message], tools: Sequence[dict], format: ToolFormat = CHAT_API_FORMAT
 ) -> list[Message]:
     """`messages` with the tools and how to call them after their system prompt, or as one."""
     block = tool_system_prompt(tools, format)
@@ -225,7 +229,7 @@ def with_tool_prompt(
     return [{"role": "system", "content": block}, *messages]
 
 
-def parse_tool_calls(text: str, format: ToolFormat = "hermes") -> ParsedToolCalls:
+def parse_tool_calls(text: str, format: ToolFormat = CHAT_API_FORMAT) -> ParsedToolCalls:
     """The calls written in `format` in a reply's text; a malformed one is an error the
     model is told, not a call."""
     markup = _MARKUPS[format]
