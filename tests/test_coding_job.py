@@ -154,6 +154,7 @@ def test_the_agentic_main_job_trains_on_the_tiny_model_and_leaves_no_sandbox(tmp
     assert [r["step"] for r in rows] == [1, 2]
     trajectories = read_trajectories(run / "trajectories" / "step_00001.jsonl")
     assert len(trajectories) == 4 * 4
-    assert {t.info["harbor_task"] for t in trajectories} <= EASY
+    drawn = {t.info["harbor_task"] for t in trajectories}
+    assert all(name in EASY or name.startswith("generated-") for name in drawn), drawn
     assert all(t.messages[0]["role"] == "system" for t in trajectories)
     assert (set(state.iterdir()) if state.is_dir() else set()) == before
