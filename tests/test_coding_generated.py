@@ -10,6 +10,7 @@ import pytest
 
 from reinforge.envs.builtin.coding import load_environment
 from reinforge.envs.builtin.coding.generated import KINDS, generate
+from reinforge.envs.harbor import load_environment as load_harbor
 from reinforge.errors import UsageError
 
 from .commands import reinforge
@@ -21,15 +22,13 @@ def generated(env) -> list[str]:
 
 
 @pytest.mark.parametrize(("agent", "reward"), [("oracle", 1.0), ("nop", 0.0)])
-async def test_every_kind_scores_1_with_its_solution_and_0_untouched(agent, reward):
-    env = load_environment(generated=2 * len(KINDS), split="train", tiers=["easy"], agent=agent)
-    names = generated(env)
-    assert len(names) == 2 * len(KINDS)
-    assert {name.rsplit("-", 1)[0] for name in names} == {
+async def test_every_kind_scores_1_with_its_solution_and_0_untouched(tmp_path, agent, reward):
+    paths = generate(2 * len(KINDS), seed=0, root=tmp_path)
+    assert {p.name.rsplit("-", 1)[0] for p in paths} == {
         "generated-" + kind.__name__.replace("_", "-") for kind in KINDS
     }
-    trajectories = [t for t in await run_all(env) if t.task_id in names]
-    assert len(trajectories) == len(names)
+    trajectories = await run_all(load_harbor(tmp_path, agent=agent))
+    assert sorted(t.task_id for t in trajectories) == sorted(p.name for p in paths)
     assert all(t.status == "ok" and t.reward == reward for t in trajectories), trajectories
 
 
