@@ -171,24 +171,27 @@ def _path(name: str) -> str:
     return f"{WORKDIR}/{name}"
 
 
+def _say(rng: random.Random, wordings: list[str], **fields: str) -> str:
+    """One of a kind's wordings, filled in: the model has to learn the operation, not a
+    sentence."""
+    return rng.choice(wordings).format(**fields)
+
+
 def edit(rng: random.Random) -> Spec:
     fmt, name, settings = _config(rng)
     i = rng.randrange(len(settings))
     key, old = settings[i]
     new = _value(rng, like=old)
     shown_key = key.upper() if fmt.ext == ".env" else key
-    before, after = (
-        _render(fmt, settings),
-        _render(fmt, settings[:i] + [(key, new)] + settings[i + 1 :]),
-    )
+    before = _render(fmt, settings)
+    after = _render(fmt, settings[:i] + [(key, new)] + settings[i + 1 :])
     old_line, new_line = before[i + len(fmt.head)].strip(), after[i + len(fmt.head)].strip()
-    instruction = rng.choice(
-        [
-            "In `{p}`, change `{k}` from `{o}` to `{n}`. Keep the other lines as they are.",
-            "Set `{k}` to `{n}` in `{p}` (it is `{o}` now). Leave everything else unchanged.",
-            "`{p}` has `{k}` set to `{o}`. Change it to `{n}` and keep the rest of the file.",
-        ]
-    ).format(p=_path(name), k=shown_key, o=old, n=new)
+    wordings = [
+        "In `{p}`, change `{k}` from `{o}` to `{n}`. Keep the other lines as they are.",
+        "Set `{k}` to `{n}` in `{p}` (it is `{o}` now). Leave everything else unchanged.",
+        "`{p}` has `{k}` set to `{o}`. Change it to `{n}` and keep the rest of the file.",
+    ]
+    instruction = _say(rng, wordings, p=_path(name), k=shown_key, o=old, n=new)
     return Spec(
         "edit-config",
         instruction,
@@ -204,12 +207,11 @@ def delete(rng: random.Random) -> Spec:
     i = rng.randrange(len(settings))
     shown_key = settings[i][0].upper() if fmt.ext == ".env" else settings[i][0]
     line = fmt.line(*settings[i])
-    instruction = rng.choice(
-        [
-            "Remove the line that sets `{k}` from `{p}`. Keep every other line.",
-            "Delete the `{k}` setting from `{p}`; the other lines stay as they are.",
-        ]
-    ).format(p=_path(name), k=shown_key)
+    wordings = [
+        "Remove the line that sets `{k}` from `{p}`. Keep every other line.",
+        "Delete the `{k}` setting from `{p}`; the other lines stay as they are.",
+    ]
+    instruction = _say(rng, wordings, p=_path(name), k=shown_key)
     return Spec(
         "delete-line",
         instruction,
@@ -223,12 +225,11 @@ def append(rng: random.Random) -> Spec:
     name = rng.choice(NAMES) + rng.choice(TEXT_EXTS)
     lines = _text_lines(rng)
     added = " ".join(rng.sample(WORDS, rng.randint(1, 3)))
-    instruction = rng.choice(
-        [
-            "Add the line `{l}` at the end of `{p}`.",
-            "Append a new last line `{l}` to `{p}`, keeping the lines already there.",
-        ]
-    ).format(p=_path(name), l=added)
+    wordings = [
+        "Add the line `{l}` at the end of `{p}`.",
+        "Append a new last line `{l}` to `{p}`, keeping the lines already there.",
+    ]
+    instruction = _say(rng, wordings, p=_path(name), l=added)
     return Spec(
         "append-line",
         instruction,
@@ -262,12 +263,11 @@ def copy(rng: random.Random) -> Spec:
     name = rng.choice(NAMES + STEMS) + rng.choice(TEXT_EXTS + [".conf", ".ini"])
     target = rng.choice([f"{name}.bak", f"{name}.orig", f"backup-{name}"])
     lines = _text_lines(rng)
-    instruction = rng.choice(
-        [
-            "Make a copy of `{p}` named `{t}`. Both files must have the original content.",
-            "Back up `{p}` as `{t}`; keep the original where it is.",
-        ]
-    ).format(p=_path(name), t=_path(target))
+    wordings = [
+        "Make a copy of `{p}` named `{t}`. Both files must have the original content.",
+        "Back up `{p}` as `{t}`; keep the original where it is.",
+    ]
+    instruction = _say(rng, wordings, p=_path(name), t=_path(target))
     return Spec(
         "copy-file",
         instruction,
@@ -279,9 +279,8 @@ def copy(rng: random.Random) -> Spec:
 
 def make_dir(rng: random.Random) -> Spec:
     folder = rng.choice(["", "data/", "src/", "var/"]) + rng.choice(WORDS + STEMS)
-    instruction = rng.choice(
-        ["Create an empty directory `{d}`.", "Make a new, empty folder `{d}`."]
-    ).format(d=_path(folder))
+    wordings = ["Create an empty directory `{d}`.", "Make a new, empty folder `{d}`."]
+    instruction = _say(rng, wordings, d=_path(folder))
     return Spec(
         "make-dir", instruction, {}, _script(f"mkdir -p {folder}"), {}, empty_dirs=[_path(folder)]
     )
@@ -291,12 +290,11 @@ def move(rng: random.Random) -> Spec:
     name = rng.choice(NAMES) + rng.choice(TEXT_EXTS)
     folder = rng.choice(["docs", "archive", "old", "notes", "reports", "backup"])
     lines = _text_lines(rng)
-    instruction = rng.choice(
-        [
-            "Move `{p}` into a new directory `{d}`, keeping its name.",
-            "Put `{p}` in a new folder `{d}` (same file name); `{p}` must be gone after.",
-        ]
-    ).format(p=_path(name), d=_path(folder))
+    wordings = [
+        "Move `{p}` into a new directory `{d}`, keeping its name.",
+        "Put `{p}` in a new folder `{d}` (same file name); `{p}` must be gone after.",
+    ]
+    instruction = _say(rng, wordings, p=_path(name), d=_path(folder))
     return Spec(
         "move-file",
         instruction,
@@ -314,9 +312,11 @@ def rename(rng: random.Random) -> Spec:
         [stem + e for e in TEXT_EXTS if e != ext] + [f"{stem}-{rng.choice(WORDS)}{ext}"]
     )
     lines = _text_lines(rng)
-    instruction = rng.choice(
-        ["Rename `{p}` to `{t}`.", "Give `{p}` the new name `{t}`; its content stays the same."]
-    ).format(p=_path(name), t=_path(target))
+    wordings = [
+        "Rename `{p}` to `{t}`.",
+        "Give `{p}` the new name `{t}`; its content stays the same.",
+    ]
+    instruction = _say(rng, wordings, p=_path(name), t=_path(target))
     return Spec(
         "rename-file",
         instruction,
