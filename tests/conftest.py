@@ -150,3 +150,12 @@ def http_server(engine: Any) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout=30)
         listening.close()
+
+
+@pytest.fixture(scope="session")
+def docker_image() -> str:
+    """A base image of the host's programs on the local Docker engine (skips without one)."""
+    from .docker_image import docker_or_skip, host_tools_image
+
+    docker_or_skip()
+    return host_tools_image()

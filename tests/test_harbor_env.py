@@ -255,15 +255,16 @@ async def test_the_oracle_reads_the_files_its_instruction_names_when_read_file_i
         load_environment(str(path), tools=["shell"])
 
 
-def test_tasks_that_need_docker_are_skipped_with_a_reason(tmp_path, capsys):
+def test_tasks_that_need_docker_are_skipped_with_a_reason_where_no_engine_answers(tmp_path, capsys):
     write_task(tmp_path, "runs", "true\n")
     write_task(tmp_path, "builds", "true\n", dockerfile="FROM x\nRUN apt-get update\n")
-    env = load_environment(str(tmp_path))
+    env = load_environment(str(tmp_path), docker="no-such-docker")
     assert list(env.runnable) == ["runs"]
-    assert env.skipped == {"builds": "RUN at Dockerfile line 2 needs Docker"}
-    assert "skipped Harbor task builds: RUN at Dockerfile line 2" in capsys.readouterr().err
-    with pytest.raises(UsageError, match="no task runs without Docker"):
-        load_environment(str(tmp_path / "builds"))
+    reason = "RUN at Dockerfile line 2 needs Docker, and no Docker engine: no `no-such-docker`"
+    assert env.skipped["builds"].startswith(reason)
+    assert f"skipped Harbor task builds: {reason}" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="no task can run here"):
+        load_environment(str(tmp_path / "builds"), docker="")
 
 
 def test_a_task_dir_is_an_env_name_for_train_too(tmp_path):

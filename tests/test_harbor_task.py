@@ -253,15 +253,18 @@ def test_only_the_workspace_crosses_to_the_verifier():
 def test_the_verifier_env_drops_what_could_redirect_python(tmp_path):
     tests = tmp_path / "tests"
     tests.mkdir()
-    image_env = {"PATH": "/app/bin:/usr/bin", "PYTHONPATH": "/app", "LANG": "C", "LD_PRELOAD": "x"}
-    env = verifier_env({"MODE": "strict"}, image_env, tests)
-    assert env["PATH"] == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-    assert "PYTHONPATH" not in env and "LD_PRELOAD" not in env
+    image_env = {"PYTHONPATH": "/app", "LANG": "C", "LD_PRELOAD": "x"}
+    image_env["PATH"] = "/app/bin:/opt/venv/bin:relative:/usr/bin"
+    env = verifier_env({"MODE": "strict"}, image_env, tests, "/app")
+    assert (
+        env["PATH"] == "/opt/venv/bin:/usr/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/sbin:/bin"
+    )
+    assert env["PYTHONPATH"] == "" and env["LD_PRELOAD"] == ""  # blanked: an image has them
     assert env["LANG"] == "C" and env["MODE"] == "strict"
     assert env["PYTHONSAFEPATH"] == "1" and env["PYTHONNOUSERSITE"] == "1"
     assert "-c /dev/null --rootdir=/tests" in env["PYTEST_ADDOPTS"]
     (tests / "pytest.ini").write_text("[pytest]\n")
-    assert "-c /tests/pytest.ini" in verifier_env({}, {}, tests)["PYTEST_ADDOPTS"]
+    assert "-c /tests/pytest.ini" in verifier_env({}, {}, tests, "/app")["PYTEST_ADDOPTS"]
 
 
 PLANTED_CONFTEST = """
@@ -295,6 +298,6 @@ def test_planted_pytest_hacks_pass_plainly_and_fail_once_neutralised(tmp_path, p
     hacked = subprocess.run(argv, cwd=app, env=base, capture_output=True, timeout=120)
     assert hacked.returncode == 0, hacked.stdout
     subprocess.run(["sh", "-c", neutralise_script(str(app), set())], check=True, timeout=60)
-    env = base | verifier_env({}, {}, tests, tests_path=str(tests))
+    env = base | verifier_env({}, {}, tests, str(app), tests_path=str(tests))
     graded = subprocess.run(argv, cwd=app, env=env, capture_output=True, timeout=120)
     assert graded.returncode == 1, graded.stdout

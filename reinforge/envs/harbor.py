@@ -1,11 +1,12 @@
 """Harbor task directories as an environment: one task dir, or a folder of them.
 
-Each episode gets a sandbox set up from the task's `environment/` (see `harbor_task`), the
-instruction as its prompt, and an agent: the model with the sandbox tools (`bash`,
-`read_file`, `write_file`, `edit`), or a scripted agent for task authors: `oracle` runs
-`solution/solve.sh`, `nop` does nothing, and a `ScriptAgent` runs its own shell script
-(the exploits of `reinforge audit`). All are graded the same way, by the task's
-`tests/test.sh` in a fresh sandbox after the agent phase (see `harbor_verify`).
+Each episode gets a sandbox set up from the task's `environment/` (see `harbor_task`): a
+local one where the Dockerfile can be replayed, else a container of the task's image on
+Docker. The instruction is its prompt, and it gets an agent: the model with the sandbox
+tools (`bash`, `read_file`, `write_file`, `edit`), or a scripted agent for task authors:
+`oracle` runs `solution/solve.sh`, `nop` does nothing, and a `ScriptAgent` runs its own
+shell script (the exploits of `reinforge audit`). All are graded the same way, by the
+task's `tests/test.sh` in a fresh sandbox after the agent phase (see `harbor_verify`).
 """
 
 from __future__ import annotations
@@ -40,9 +41,17 @@ from reinforge.envs.rubric import Reward, Rubric
 from reinforge.envs.sandbox import SANDBOX, TOOL_NAMES, SandboxTools
 from reinforge.errors import UsageError
 from reinforge.policy.client import ChatClient
+from reinforge.sandbox.docker import DockerProvider, unreachable
 from reinforge.sandbox.local import LocalProvider
 from reinforge.sandbox.pool import PooledSandbox, SandboxPool
-from reinforge.sandbox.protocol import ExecResult, SandboxProvider, SandboxSpec
+from reinforge.sandbox.protocol import (
+    ExecResult,
+    HostView,
+    Image,
+    SandboxError,
+    SandboxProvider,
+    SandboxSpec,
+)
 from reinforge.types import Task
 
 AgentName = Literal["model", "oracle", "nop"]
@@ -88,13 +97,15 @@ class HarborEnvironment(Environment):
         allow_internet: bool = False,
         format_weight: float = 0.0,
         tools: Sequence[str] = TOOL_NAMES,
+        docker: str = "docker",
     ) -> None:
-        self.skipped = {t.name: t.plan.needs_docker for t in tasks if t.plan.needs_docker}
-        self.runnable = {t.name: t for t in tasks if not t.plan.needs_docker}
+        self.docker = docker
+        self.skipped = _build_images(tasks, docker)
+        self.runnable = {t.name: t for t in tasks if t.name not in self.skipped}
         for task_name, reason in self.skipped.items():
             print(f"skipped Harbor task {task_name}: {reason}", file=sys.stderr)
         if not self.runnable:
-            raise UsageError(f"{name}: no task runs without Docker ({len(tasks)} skipped)")
+            raise UsageError(f"{name}: no task can run here ({len(tasks)} skipped)")
         self.sandbox_tools = SandboxTools()
         harness = Harness(
             tools=self.sandbox_tools.tools(tools),
@@ -113,6 +124,7 @@ class HarborEnvironment(Environment):
         self.allow_internet = allow_internet
         self._provider = provider
         self._owned: LocalProvider | None = None
+        self._docker_provider: DockerProvider | None = None
         self._max_sandboxes = max_sandboxes
         self._pools: dict[str, SandboxPool] = {}
         self._pools_lock = asyncio.Lock()
@@ -136,6 +148,7 @@ class HarborEnvironment(Environment):
             self.allow_internet,
             self.format_weight,
             [tool.name for tool in self.harness.tools],
+            self.docker,
         )
 
     @property
@@ -168,7 +181,7 @@ class HarborEnvironment(Environment):
 
     def new_episode(self, task: Task) -> Episode:
         episode = super().new_episode(task)
-        workdir = self.harbor_task(task).plan.workdir
+        workdir = self.harbor_task(task).workdir
         if self.agent in ("model", "oracle"):  # the oracle's transcript is a model's
             system = {"role": "system", "content": SYSTEM_PROMPT.format(workdir=workdir)}
             episode.messages.insert(0, system)
@@ -183,12 +196,13 @@ class HarborEnvironment(Environment):
         if not verifier and self.agent == "oracle":
             writable = (SOLUTION_DIR,)
         return SandboxSpec(
+            base=Image(task.image.name) if task.image else HostView(),
             disk_bytes=resources.storage_bytes(),
             memory_bytes=resources.memory_bytes(),
             cpus=resources.cpus,
             network="on" if internet else "off",
-            workdir=task.plan.workdir,
-            env={} if verifier else dict(task.plan.env),
+            workdir=task.workdir,
+            env={} if verifier else dict(task.env),
             writable_dirs=writable,
             own_disks={LOGS_DIR: LOGS_DISK_BYTES} if verifier else {},
         )
@@ -200,10 +214,9 @@ class HarborEnvironment(Environment):
         pool = await self._pool(self.spec(task))
         sandbox = await pool.acquire()
         episode.resources[SANDBOX] = sandbox
-        environment = task.environment_tar()
         try:
-            if environment:
-                await sandbox.upload_tar(environment, "/")
+            if task.image is None:  # an image holds its files already
+                await sandbox.upload_tar(task.environment_tar(), "/")
         except BaseException:  # `rollout` calls `stop` only once `start` has returned
             episode.resources.pop(SANDBOX, None)
             await asyncio.shield(sandbox.close())
@@ -253,7 +266,7 @@ class HarborEnvironment(Environment):
             if reads:
                 _record_calls(episode, reads, reports)
         await sandbox.upload_tar(tests_tar(task.solution_dir), SOLUTION_DIR)
-        env = dict(task.plan.env) | task.config.solution.env
+        env = task.env | task.config.solution.env
         result = await sandbox.exec(["bash", f"{SOLUTION_DIR}/solve.sh"], env=env)
         _keep_output(episode, "oracle", result)
         solve_call = ("call_oracle", "bash", {"command": script})
@@ -262,7 +275,7 @@ class HarborEnvironment(Environment):
 
     async def _script(self, agent: ScriptAgent, task: HarborTask, episode: Episode) -> None:
         sandbox: PooledSandbox = episode.resources[SANDBOX]
-        result = await sandbox.exec(["bash", "-c", agent.script], env=task.plan.env)
+        result = await sandbox.exec(["bash", "-c", agent.script], env=task.env)
         _keep_output(episode, "script", result)
 
     async def stop(self, episode: Episode) -> None:
@@ -273,23 +286,23 @@ class HarborEnvironment(Environment):
         if sandbox is None:
             return
         task = self.harbor_task(episode.task)
-        episode.state["hack_flags"] = hack_flags(episode.messages, task.plan.workdir)
+        episode.state["hack_flags"] = hack_flags(episode.messages, task.workdir)
         try:
             if episode.state.get("agent_done"):
-                raw = await quiesce_and_snapshot(sandbox, task.plan.workdir)
-                episode.resources[WORKSPACE] = filter_workspace(raw, task.plan.workdir)
+                raw = await quiesce_and_snapshot(sandbox, task.workdir)
+                episode.resources[WORKSPACE] = filter_workspace(raw, task.workdir)
         finally:
             await asyncio.shield(sandbox.close())
         if WORKSPACE in episode.resources:
             await self._verify(task, episode)
 
     async def _verify(self, task: HarborTask, episode: Episode) -> None:
-        provider = self._the_provider()
-        env = verifier_env(task.config.verifier.env, task.plan.env, task.tests_dir)
+        spec = self.spec(task, verifier=True)
+        env = verifier_env(task.config.verifier.env, task.env, task.tests_dir, task.workdir)
         try:
             result = await run_verifier(
-                provider,
-                self.spec(task, verifier=True),
+                self._the_provider(spec),
+                spec,
                 episode.resources[WORKSPACE],
                 task.tests_dir,
                 task.shipped_paths(),
@@ -316,7 +329,13 @@ class HarborEnvironment(Environment):
 
     # ---------------------------------------------------------------- sandboxes
 
-    def _the_provider(self) -> SandboxProvider:
+    def _the_provider(self, spec: SandboxSpec | None = None) -> SandboxProvider:
+        """The local provider (or the one given), or Docker for a spec whose base is a
+        task's image."""
+        if spec is not None and isinstance(spec.base, Image):
+            if self._docker_provider is None:
+                self._docker_provider = DockerProvider(docker=self.docker)
+            return self._docker_provider
         if self._provider is None:
             if self._owned is None:
                 self._owned = LocalProvider()
@@ -328,7 +347,7 @@ class HarborEnvironment(Environment):
         key = repr(spec)
         async with self._pools_lock:
             if key not in self._pools:
-                provider = self._the_provider()
+                provider = self._the_provider(spec)
                 pool = SandboxPool(provider, spec, max_concurrency=self._max_sandboxes, warm=0)
                 self._pools[key] = await pool.start()
             return self._pools[key]
@@ -340,6 +359,29 @@ class HarborEnvironment(Environment):
         if self._owned is not None:
             await self._owned.aclose()
             self._owned = None
+        if self._docker_provider is not None:
+            await self._docker_provider.aclose()
+            self._docker_provider = None
+
+
+def _build_images(tasks: list[HarborTask], docker: str) -> dict[str, str]:
+    """Build the image of each task that needs Docker with the `docker` CLI ('' for none);
+    why each that cannot run does not."""
+    needing = [t for t in tasks if t.plan.needs_docker and t.image is None]
+    if not needing:
+        return {}
+    engine = unreachable(docker) if docker else 'Docker is off (docker = "")'
+    skipped: dict[str, str] = {}
+    for task in needing:
+        if engine is not None:
+            skipped[task.name] = f"{task.plan.needs_docker}, and no Docker engine: {engine}"
+            continue
+        print(f"building the image of Harbor task {task.name}", file=sys.stderr)
+        try:
+            task.build(docker)
+        except SandboxError as error:
+            skipped[task.name] = str(error)
+    return skipped
 
 
 def tool_format(episode: Episode) -> float:

@@ -9,8 +9,10 @@ model that keeps only what a sandbox needs and ignores every other key.
 
 On the local backend there is no image build: a Dockerfile made only of FROM (the host's
 system stands in for the named image), WORKDIR, COPY/ADD of local files and ENV is
-replayed onto a fresh sandbox. Any other instruction needs Docker, and the task is
-skipped with a one-line reason.
+replayed onto a fresh sandbox. Any other instruction needs Docker: `build_image` makes the
+task's image on a Docker engine (tagged with a hash of `environment/`, so an unchanged
+task is built once), and where none is reachable the task is skipped with a one-line
+reason.
 
 A git repository the environment copies reaches the sandbox with its base commit only
 (`add_base_commit`): its history may hold the solution.
@@ -18,9 +20,11 @@ A git repository the environment copies reaches the sandbox with its base commit
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
+import re
 import shlex
 import subprocess
 import tarfile
@@ -33,6 +37,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reinforge.errors import UsageError
+from reinforge.sandbox.docker import BuiltImage, build_image
 
 DEFAULT_WORKDIR = "/app"
 """Where the agent works when the Dockerfile sets no WORKDIR (Docker's own default, `/`,
@@ -130,6 +135,28 @@ class HarborTask:
     instruction: str
     config: TaskConfig
     plan: ImagePlan
+    image: BuiltImage | None = None
+    """The task's image on Docker, once `build` made it (tasks that need Docker)."""
+
+    @property
+    def workdir(self) -> str:
+        return self.image.workdir if self.image else self.plan.workdir
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The image's ENV."""
+        return self.image.env if self.image else self.plan.env
+
+    def build(self, docker: str) -> None:
+        """Make the task's image with the `docker` CLI (SandboxError when the build fails)."""
+        context = self.path / "environment"
+        digest = hashlib.sha256()
+        for file in sorted(p for p in context.rglob("*") if p.is_file()):
+            digest.update(str(file.relative_to(context)).encode() + b"\0")
+            digest.update(hashlib.sha256(file.read_bytes()).digest())
+        name = re.sub(r"[^a-z0-9._-]+", "-", self.name.lower()).strip(".-") or "task"
+        tag = f"reinforge-harbor/{name}:{digest.hexdigest()[:16]}"
+        self.image = build_image(context, tag, DEFAULT_WORKDIR, docker)
 
     @property
     def tests_dir(self) -> Path:
@@ -151,6 +178,8 @@ class HarborTask:
 
     def shipped_paths(self) -> set[str]:
         """Absolute sandbox paths of every file the environment puts in place."""
+        if self.image is not None:
+            return set(self.image.files)
         with tarfile.open(fileobj=io.BytesIO(self.environment_tar())) as tar:
             return {"/" + m.name for m in tar.getmembers() if m.isfile()}
 

@@ -38,14 +38,7 @@ LOGS_DISK_BYTES = 16 << 20
 disk leaves `test.sh` this room for its reward (and its logs)."""
 MAX_WORKSPACE_BYTES = 256 << 20
 
-QUIESCE = (
-    "i=0; while [ $i -lt 100 ]; do kill -KILL -1 2>/dev/null; set -- /proc/[0-9]*; "
-    '[ "$#" -le 2 ] && exit 0; i=$((i + 1)); sleep 0.02; done; exit 1'
-)
-"""Run inside the agent's sandbox: SIGKILL every process but pid 1 and this shell (kill -1
-spares both) until those two are all /proc lists (pid 1 reaps the killed orphans)."""
-
-OUTLIVED = """
+COUNT_LIVE = """
 left=0
 for p in /proc/[0-9]*; do
   case "${p#/proc/}" in 1|$$) continue ;; esac
@@ -53,10 +46,28 @@ for p in /proc/[0-9]*; do
     [ "$key" = State: ] && { [ "$value" = Z ] || left=$((left + 1)); break; }
   done 2>/dev/null <"$p/status"
 done
+"""
+"""Sets `left` to how many processes are running besides pid 1 and this shell (zombies
+are dead: a Docker container's pid 1 never reaps them)."""
+
+QUIESCE = f"""
+i=0
+while [ $i -lt 100 ]; do
+  kill -KILL -1 2>/dev/null
+  {COUNT_LIVE}
+  [ "$left" -eq 0 ] && exit 0
+  i=$((i + 1)); sleep 0.02
+done
+exit 1
+"""
+"""Run inside the agent's sandbox: SIGKILL every process but pid 1 and this shell (kill -1
+spares both) until no other one runs."""
+
+OUTLIVED = f"""{COUNT_LIVE}
 echo "$left"
 """
-"""Run in the verifier's sandbox right after test.sh: how many processes (not zombies
-waiting for pid 1) are still running besides pid 1 and this shell."""
+"""Run in the verifier's sandbox right after test.sh: how many processes are still running
+besides pid 1 and this shell."""
 
 NOT_REGULAR = f"""
 [ -d {LOGS_DIR} ] && [ ! -L {LOGS_DIR} ] || echo {LOGS_DIR}
@@ -193,13 +204,23 @@ def verifier_env(
     task_env: dict[str, str],
     image_env: dict[str, str],
     tests_dir: Path,
+    workdir: str,
     tests_path: str = TESTS_DIR,
 ) -> dict[str, str]:
     """The verifier's environment: `VERIFIER_ENV`, the pytest options for these tests, the
-    task's `[verifier] env`, and the image's ENV without what could redirect python."""
+    task's `[verifier] env`, and the image's ENV with what could redirect python blanked
+    (a container has the image's ENV already; an empty value is an unset one to python and
+    the loader). The image's PATH directories outside the workdir come before the system
+    ones: the workdir holds what the agent left, the rest is the pristine image."""
     unsafe = ("PATH", "PYTHON", "LD_", "PYTEST_")
-    env = {k: v for k, v in image_env.items() if not k.startswith(unsafe)}
+    env = {k: "" if k.startswith(unsafe) else v for k, v in image_env.items()}
     env.update(VERIFIER_ENV)
+    image_dirs = [
+        d
+        for d in image_env.get("PATH", "").split(":")
+        if d.startswith("/") and not PurePosixPath(d).is_relative_to(workdir)
+    ]
+    env["PATH"] = ":".join(dict.fromkeys([*image_dirs, *DEFAULT_PATH.split(":")]))
     env["PYTEST_ADDOPTS"] = (
         f"--confcutdir={tests_path} -p no:cacheprovider "
         + pytest_config_option(tests_dir, tests_path)
@@ -221,6 +242,8 @@ async def run_verifier(
     sandbox = await provider.create(spec)
     try:
         workdir = spec.workdir
+        # An image may hold files in the workdir: the graded tree is the workspace alone.
+        await sandbox.exec(["find", workdir, "-mindepth", "1", "-delete"], timeout=60)
         await sandbox.upload_tar(workspace_tar, str(PurePosixPath(workdir).parent))
         setup = await sandbox.exec(neutralise_script(workdir, shipped), timeout=60)
         if not setup.ok:

@@ -1,11 +1,17 @@
 """Docker backend: the same `Sandbox` API on a Docker engine, via the `docker` CLI.
 
 For machines that already run Docker (no new Python dependency). The image is the base
-and is mounted read-only like the local HostView; /workspace, /tmp, /root and /var/tmp
-are size-capped tmpfs mounts (each gets `disk_bytes`, unlike the local backend's single
-budget). Network "off" is `--network none`; "on" is Docker's default bridge. The image
-needs `sh` and `tar`. Containers carry the manager's owner tag as a label, so a later run
-removes those of a crashed one, as the local backend does with its state directory.
+(the provider's, or a spec's `Image`, such as one `build` made from a Harbor task's
+Dockerfile) and is mounted read-only like the local HostView; the workdir, /workspace,
+/tmp, /root, /var/tmp and the spec's writable dirs are size-capped tmpfs mounts (each gets
+`disk_bytes`, unlike the local backend's single budget) that start with what the image
+holds there. Network "off" is `--network none`; "on" is Docker's default bridge. The
+image needs `sh` and `tar`. Containers carry the manager's owner tag as a label, so a later
+run removes those of a crashed one, as the local backend does with its state directory.
+
+The container's pid 1 is `sleep` itself, not an init: killing every other process (a
+Harbor task's agent phase ends so) must leave the container running. Orphans therefore
+stay zombies until the container is removed; they hold a pid each, nothing else.
 """
 
 from __future__ import annotations
@@ -14,39 +20,49 @@ import asyncio
 import atexit
 import io
 import itertools
+import json
 import os
 import shutil
 import subprocess
 import tarfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 
 from reinforge.sandbox import reaper
 from reinforge.sandbox.protocol import (
-    DEFAULT_PATH,
     MIB,
     TIMEOUT_EXIT_CODE,
     Capabilities,
     ExecResult,
-    HostView,
+    Image,
     OutputCallback,
+    Rootfs,
     SandboxClosed,
     SandboxError,
     SandboxSpec,
 )
 
 LABEL = "reinforge.sandbox.owner"
+_NAMES = itertools.count()
+"""Container numbers, shared by every provider of the process (their names must differ)."""
 WRITABLE_DIRS = {"/workspace": "755", "/tmp": "1777", "/root": "700", "/var/tmp": "1777"}
 
 
+def writable_dirs(spec: SandboxSpec) -> dict[str, str]:
+    """Each tmpfs of `disk_bytes` a container gets, with its mode."""
+    dirs = {spec.workdir: "755"} | WRITABLE_DIRS
+    return dirs | {path: "755" for path in spec.writable_dirs if path not in dirs}
+
+
 def run_args(spec: SandboxSpec, image: str, name: str, owner: str) -> list[str]:
-    """The `docker run` arguments that give a container the limits of `spec`."""
-    if not isinstance(spec.base, HostView):
+    """The `docker run` arguments that give a container from `image` the limits of `spec`."""
+    if isinstance(spec.base, Rootfs):
         raise SandboxError("the Docker backend takes its base from the image, not a Rootfs")
     args = [
         "run",
         "--detach",
-        "--init",
         "--name",
         name,
         "--label",
@@ -65,10 +81,8 @@ def run_args(spec: SandboxSpec, image: str, name: str, owner: str) -> list[str]:
         "--ulimit",
         "core=0",
     ]
-    for path, mode in WRITABLE_DIRS.items():
+    for path, mode in writable_dirs(spec).items():
         args += ["--tmpfs", f"{path}:rw,size={spec.disk_bytes},mode={mode}"]
-    for path in (p for p in spec.writable_dirs if p not in WRITABLE_DIRS):
-        args += ["--tmpfs", f"{path}:rw,size={spec.disk_bytes},mode=755"]
     for path, size in spec.own_disks.items():
         args += ["--tmpfs", f"{path}:rw,size={size},mode=755"]
     if spec.memory_bytes is not None:
@@ -147,8 +161,6 @@ class DockerSandbox:
             "--interactive",
             "--workdir",
             cwd or self.spec.workdir,
-            "--env",
-            f"PATH={DEFAULT_PATH}",
         ]
         for key, value in (env or {}).items():
             args += ["--env", f"{key}={value}"]
@@ -271,6 +283,69 @@ def _exit_code(returncode: int | None) -> int:
     return 128 - code if code < 0 else code
 
 
+def unreachable(docker: str = "docker") -> str | None:
+    """None if a Docker engine answers through the `docker` CLI, else why not (one line)."""
+    resolved = shutil.which(docker)
+    if resolved is None:
+        return f"no `{docker}` executable on PATH"
+    try:
+        done = subprocess.run(
+            [resolved, "info", "--format", "{{.ServerVersion}}"], capture_output=True, timeout=30
+        )
+    except subprocess.TimeoutExpired:
+        return "`docker info` did not answer within 30 s"
+    if done.returncode == 0:
+        return None
+    lines = done.stderr.decode(errors="replace").strip().splitlines() or ["`docker info` failed"]
+    return lines[0]
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    """An image `build_image` made, with what a sandbox from it needs to know."""
+
+    name: str
+    workdir: str
+    """The image's WORKDIR, or `default_workdir` where it sets none."""
+    env: dict[str, str]
+    """The image's ENV."""
+    files: frozenset[str]
+    """Absolute paths of the regular files the image holds in its workdir."""
+
+
+def build_image(
+    context: Path, tag: str, default_workdir: str, docker: str = "docker"
+) -> BuiltImage:
+    """The image of `context/Dockerfile`, tagged `tag`. A tag that exists is used as it is,
+    so name it after the context's contents. A failed build raises SandboxError with the end
+    of Docker's log."""
+    if _run(docker, "image", "inspect", tag).returncode != 0:
+        done = _run(docker, "build", "--tag", tag, str(context))
+        if done.returncode != 0:
+            log = (done.stdout + done.stderr).decode(errors="replace").strip().splitlines()
+            raise SandboxError(f"docker build of {context} failed: " + " | ".join(log[-6:]))
+    config = json.loads(
+        _run(docker, "image", "inspect", "--format", "{{json .Config}}", tag).stdout
+    )
+    workdir = config.get("WorkingDir") or default_workdir
+    env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
+    container = _run(docker, "create", tag, "true").stdout.decode().strip()
+    try:
+        copied = _run(docker, "cp", f"{container}:{workdir}", "-")
+    finally:
+        _run(docker, "rm", "--force", container)
+    parent = PurePosixPath(workdir).parent
+    files: set[str] = set()
+    if copied.returncode == 0:
+        with tarfile.open(fileobj=io.BytesIO(copied.stdout)) as tar:
+            files = {str(parent / m.name) for m in tar.getmembers() if m.isfile()}
+    return BuiltImage(tag, workdir, env, frozenset(files))
+
+
+def _run(docker: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([docker, *args], capture_output=True)
+
+
 class DockerProvider:
     """Creates containers from `image`. Call `reap()` once to remove a crashed run's ones."""
 
@@ -282,13 +357,9 @@ class DockerProvider:
         self.image = image
         self.owner = reaper.owner_tag(os.getpid())
         self.live: set[str] = set()
-        self._names = itertools.count()
+        self._seeds: dict[tuple[str, str], bytes | None] = {}
+        self._seeding = asyncio.Lock()
         atexit.register(self.close_all_sync)
-
-    async def available(self) -> str | None:
-        """None if an engine answers, else the reason it does not."""
-        done = await _docker(self.docker, "info", "--format", "{{.ServerVersion}}", check=False)
-        return None if done.returncode == 0 else done.stderr.decode(errors="replace").strip()
 
     async def reap(self) -> int:
         listed = await _docker(
@@ -311,15 +382,38 @@ class DockerProvider:
 
     async def create(self, spec: SandboxSpec | None = None) -> DockerSandbox:
         spec = spec or SandboxSpec()
-        name = f"reinforge-{self.owner}-{next(self._names)}"
+        name = f"reinforge-{self.owner}-{next(_NAMES)}"
+        image = spec.base.name if isinstance(spec.base, Image) else self.image
         self.live.add(name)
         try:
-            await _docker(self.docker, *run_args(spec, self.image, name, self.owner))
+            await _docker(self.docker, *run_args(spec, image, name, self.owner))
+            for path, seed in (await self._seeds_of(image, list(writable_dirs(spec)))).items():
+                # As root, so the image's owners and modes are kept.
+                extract = ("exec", "--interactive", "--user", "0", name, "tar", "-x", "-C")
+                await _docker(self.docker, *extract, str(PurePosixPath(path).parent), stdin=seed)
         except BaseException:
             await asyncio.shield(_docker(self.docker, "rm", "--force", name, check=False))
             self.live.discard(name)
             raise
         return DockerSandbox(self, name, spec)
+
+    async def _seeds_of(self, image: str, paths: list[str]) -> dict[str, bytes]:
+        """What `image` holds at each of `paths` that holds anything, as a tar (top entry:
+        the path's basename): a tmpfs mounted there would hide it. Read once per image."""
+        async with self._seeding:
+            missing = [path for path in paths if (image, path) not in self._seeds]
+            if missing:
+                made = await _docker(self.docker, "create", image, "true")
+                container = made.stdout.decode().strip()
+                try:
+                    for path in missing:
+                        source = f"{container}:{path}"
+                        copied = await _docker(self.docker, "cp", source, "-", check=False)
+                        self._seeds[(image, path)] = copied.stdout if _has_entries(copied) else None
+                finally:
+                    await _docker(self.docker, "rm", "--force", container, check=False)
+        seeds = {path: self._seeds[(image, path)] for path in paths}
+        return {path: seed for path, seed in seeds.items() if seed is not None}
 
     def close_all_sync(self) -> None:
         if self.live:
@@ -331,3 +425,11 @@ class DockerProvider:
             await _docker(self.docker, "rm", "--force", *self.live, check=False)
             self.live.clear()
         atexit.unregister(self.close_all_sync)
+
+
+def _has_entries(copied: subprocess.CompletedProcess[bytes]) -> bool:
+    """Whether `docker cp ... -` gave a tar of a directory that holds anything."""
+    if copied.returncode != 0:
+        return False
+    with tarfile.open(fileobj=io.BytesIO(copied.stdout)) as tar:
+        return len(tar.getmembers()) > 1

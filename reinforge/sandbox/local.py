@@ -23,7 +23,14 @@ from reinforge.sandbox import reaper
 from reinforge.sandbox.cgroups import Cgroups, SandboxCgroup
 from reinforge.sandbox.channel import Channel, Zygote
 from reinforge.sandbox.local_sandbox import LocalSandbox
-from reinforge.sandbox.protocol import Capabilities, HostView, Rootfs, SandboxError, SandboxSpec
+from reinforge.sandbox.protocol import (
+    Capabilities,
+    HostView,
+    Image,
+    Rootfs,
+    SandboxError,
+    SandboxSpec,
+)
 
 __all__ = ["LocalProvider", "LocalSandbox"]
 
@@ -65,6 +72,8 @@ SECCOMP_DENY = (
 
 
 def _check_workdir(spec: SandboxSpec) -> None:
+    if isinstance(spec.base, Image):
+        raise SandboxError(f"image {spec.base.name!r}: an image base needs the Docker backend")
     for workdir in (spec.workdir, *spec.writable_dirs, *spec.own_disks):
         top = workdir.strip("/").split("/")[0]
         if not workdir.startswith("/") or ".." in workdir.split("/") or not top:

@@ -57,10 +57,19 @@ class Rootfs:
 
 
 @dataclass(frozen=True)
+class Image:
+    """Base filesystem = a container image (the Docker backend only), read-only like the
+    others. Each writable directory starts with what the image holds there, so a task
+    image built with RUN steps keeps its files in the workdir."""
+
+    name: str
+
+
+@dataclass(frozen=True)
 class SandboxSpec:
     """What one sandbox gets. Limits are per sandbox; `None` means "no limit of this kind"."""
 
-    base: HostView | Rootfs = field(default_factory=HostView)
+    base: HostView | Rootfs | Image = field(default_factory=HostView)
     disk_bytes: int = 512 * MIB  # writable workspace, /tmp and /root together (tmpfs)
     memory_bytes: int | None = 1024 * MIB  # includes tmpfs pages where cgroups allow
     pids: int | None = 256

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import AsyncIterator
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-from reinforge.sandbox import Rootfs, SandboxError, SandboxSpec
-from reinforge.sandbox.docker import DockerProvider, DockerSandbox, run_args
+from reinforge.envs.harbor_verify import OUTLIVED, QUIESCE
+from reinforge.sandbox import Image, Rootfs, SandboxError, SandboxSpec
+from reinforge.sandbox.docker import (
+    DockerProvider,
+    DockerSandbox,
+    build_image,
+    run_args,
+    unreachable,
+)
 
 
 def test_run_args_carry_every_limit() -> None:
@@ -39,16 +47,16 @@ def test_rootfs_base_is_rejected() -> None:
 
 
 @pytest.fixture
-async def docker_sandbox() -> AsyncIterator[DockerSandbox]:
-    if shutil.which("docker") is None:
-        pytest.skip("no `docker` CLI on PATH, so no Docker engine to test against")
-    provider = DockerProvider()
-    reason = await provider.available()
-    if reason is not None:
-        pytest.skip(f"no Docker engine reachable: {reason}")
-    sandbox = await provider.create(SandboxSpec(memory_bytes=256 << 20, pids=64))
-    yield sandbox
+async def docker_provider(docker_image: str) -> AsyncIterator[DockerProvider]:
+    provider = DockerProvider(docker_image)
+    yield provider
     await provider.aclose()
+    assert not provider.live
+
+
+@pytest.fixture
+async def docker_sandbox(docker_provider: DockerProvider) -> AsyncIterator[DockerSandbox]:
+    yield await docker_provider.create(SandboxSpec(memory_bytes=256 << 20, pids=64))
 
 
 async def test_docker_exec_files_timeout_and_pause(docker_sandbox: DockerSandbox) -> None:
@@ -67,3 +75,60 @@ async def test_docker_network_off_has_no_route(docker_sandbox: DockerSandbox) ->
     probe = "cat /proc/net/route | wc -l"
     result = await docker_sandbox.exec(probe)
     assert result.stdout.strip() == b"1"  # only the header line: no routes at all
+
+
+@pytest.fixture
+def fresh_tag() -> Iterator[str]:
+    """A tag no image has yet (`build_image` uses an existing one as it is), removed after."""
+    tag = f"reinforge-test/built:{uuid.uuid4().hex[:12]}"
+    yield tag
+    subprocess.run(["docker", "rmi", "--force", tag], capture_output=True)
+
+
+def test_no_engine_is_one_line() -> None:
+    assert unreachable("no-such-docker") == "no `no-such-docker` executable on PATH"
+
+
+async def test_writable_dirs_start_with_what_the_image_holds_there(
+    docker_image: str, docker_provider: DockerProvider, tmp_path: Path, fresh_tag: str
+) -> None:
+    """A task image made with RUN steps keeps its files in the workdir and /root, though
+    both are tmpfs mounts; the rest of it stays read-only."""
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {docker_image}\nWORKDIR /app\n"
+        "RUN mkdir -p sub /root && echo made > sub/made.txt && echo rc > /root/.rc\n"
+        "ENV GREETING=hello\n"
+    )
+    built = build_image(tmp_path, fresh_tag, "/app")
+    assert (built.workdir, built.env["GREETING"]) == ("/app", "hello")
+    assert built.files == {"/app/sub/made.txt"}
+    spec = SandboxSpec(base=Image(built.name), workdir="/app", disk_bytes=1 << 20)
+    sandbox = await docker_provider.create(spec)
+    seen = await sandbox.exec("cat sub/made.txt /root/.rc; echo $GREETING; pwd")
+    assert seen.stdout == b"made\nrc\nhello\n/app\n", seen.stderr
+    assert (await sandbox.exec("touch /app/new && rm sub/made.txt")).ok
+    denied = await sandbox.exec("touch /etc/planted")
+    assert denied.exit_code != 0 and b"Read-only file system" in denied.stderr
+    full = await sandbox.exec("head -c 2000000 /dev/zero > /app/big")
+    assert full.exit_code != 0 and b"No space left" in full.stderr  # the workdir's cap
+    fresh = await docker_provider.create(spec)  # each container starts from the image
+    assert (await fresh.exec("cat sub/made.txt; ls new")).stdout == b"made\n"
+
+
+async def test_killing_every_other_process_leaves_the_container_up(
+    docker_sandbox: DockerSandbox,
+) -> None:
+    """pid 1 is `sleep` itself: a Harbor task's agent phase ends by SIGKILLing everything
+    else, and the workspace is then copied out of the same container."""
+    started = await docker_sandbox.exec("(sleep 1000 &) ; (sleep 1000 &) ; echo ok")
+    assert started.ok
+    quiesced = await docker_sandbox.exec(["/bin/sh", "-c", QUIESCE], timeout=30)
+    assert quiesced.ok, quiesced.stderr
+    left = await docker_sandbox.exec(["/bin/sh", "-c", OUTLIVED])
+    assert left.stdout == b"0\n"
+
+
+def test_a_failed_build_says_why(docker_image: str, tmp_path: Path, fresh_tag: str) -> None:
+    (tmp_path / "Dockerfile").write_text(f"FROM {docker_image}\nRUN echo broken-step; exit 3\n")
+    with pytest.raises(SandboxError, match="docker build of .* failed: .*"):
+        build_image(tmp_path, fresh_tag, "/app")

@@ -1,0 +1,101 @@
+"""Harbor tasks whose Dockerfile needs a build (RUN): built and run on a real Docker engine,
+graded out of the agent's reach as on the local backend."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reinforge.envs.harbor import HarborEnvironment, ScriptAgent
+from reinforge.envs.registry import load_environment
+
+from .commands import reinforge
+from .test_harbor_env import run_all, write_task
+
+TEST_SH = """\
+ok=1
+[ "$(cat /app/counter.txt)" = 2 ] || ok=0
+[ -e /app/stale.txt ] && ok=0
+[ "$(cat /app/data.txt)" = shipped ] || ok=0
+echo "$ok" > /logs/verifier/reward.txt
+"""
+SOLVE_SH = "echo 2 > /app/counter.txt\nrm /app/stale.txt\n"
+
+
+@pytest.fixture
+def docker_task(docker_image: str, tmp_path: Path) -> Iterator[Path]:
+    """A task whose image is made by RUN steps: the agent must change a file the build
+    wrote and delete another; the COPY'd file must survive."""
+    dockerfile = (
+        f"FROM {docker_image}\nWORKDIR /app\nCOPY data.txt .\n"
+        "RUN echo 1 > counter.txt && echo stale > stale.txt\n"
+    )
+    path = write_task(tmp_path, "bump-counter", TEST_SH, dockerfile=dockerfile, solve_sh=SOLVE_SH)
+    (path / "environment" / "data.txt").write_text("shipped\n")
+    yield path
+    env = load_environment(str(path))
+    assert isinstance(env, HarborEnvironment)
+    tag = env.runnable["bump-counter"].image.name  # type: ignore[union-attr]
+    subprocess.run(["docker", "rmi", "--force", tag], capture_output=True)
+
+
+def containers() -> set[str]:
+    listed = subprocess.run(
+        ["docker", "ps", "--all", "--filter", "label=reinforge.sandbox.owner", "-q"],
+        capture_output=True,
+        text=True,
+    )
+    return set(listed.stdout.split())
+
+
+@pytest.mark.parametrize(("agent", "reward"), [("oracle", 1.0), ("nop", 0.0)])
+def test_eval_of_a_task_that_needs_docker(docker_task, tmp_path, agent, reward):
+    before = containers()
+    result = reinforge("eval", str(docker_task), "--agent", agent, "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "building the image of Harbor task bump-counter" in result.stderr
+    rows = [json.loads(r) for r in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    assert rows and all(r["status"] == "ok" and r["reward"] == reward for r in rows), rows
+    assert containers() == before  # the agent's and the verifier's containers are gone
+
+
+async def test_the_agent_container_holds_the_image_and_nothing_of_the_grading(docker_task):
+    """The image's files are in the workdir, the tests, solution and reward channel are
+    not, and the root is read-only."""
+    probe = ScriptAgent(
+        "probe",
+        "cat counter.txt data.txt; pwd; ls /tests /solution /logs 2>&1; "
+        "mkdir -p /logs/verifier 2>&1 || echo no-logs",
+    )
+    env = load_environment(str(docker_task), agent=probe)
+    assert isinstance(env, HarborEnvironment)
+    (trajectory,) = await run_all(env)
+    output = trajectory.info["script_output"]
+    assert output.startswith("1\nshipped\n/app\n"), output
+    for path in ("/tests", "/solution", "/logs"):
+        assert f"cannot access '{path}'" in output
+    assert "Read-only file system" in output and output.rstrip().endswith("no-logs")
+    assert trajectory.reward == 0.0
+
+
+def test_the_audit_of_a_docker_task_is_clean(docker_task, tmp_path):
+    out = tmp_path / "audit.json"
+    result = reinforge("audit", str(docker_task), "--json", str(out))
+    report = json.loads(out.read_text())
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    assert report["hacked"] == 0 and len(report["exploits"]) >= 12
+    assert (report["oracle_mean"], report["nop_mean"]) == (1.0, 0.0)
+
+
+def test_a_task_whose_build_fails_is_skipped_with_docker_s_reason(docker_image, tmp_path, capsys):
+    write_task(tmp_path, "fine", "echo 1 > /logs/verifier/reward.txt\n")
+    broken = f"FROM {docker_image}\nRUN echo no-such-step; exit 7\n"
+    write_task(tmp_path, "broken", "true\n", dockerfile=broken)
+    env = load_environment(str(tmp_path))
+    assert list(env.runnable) == ["fine"]
+    assert "docker build of" in env.skipped["broken"] and "failed" in env.skipped["broken"]
+    assert "skipped Harbor task broken: docker build of" in capsys.readouterr().err
