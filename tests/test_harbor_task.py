@@ -189,6 +189,27 @@ def test_a_shipped_git_repository_keeps_its_base_commit_and_nothing_else(tmp_pat
     assert git(out / "tmp" / "other", "rev-list", "--all").count("\n") == 0
 
 
+def test_a_bare_repository_keeps_its_base_commit_and_a_bundle_is_refused(tmp_path):
+    path = make_task(tmp_path, dockerfile="FROM x\nWORKDIR /app\nCOPY stuff .\n")
+    work = tmp_path / "work"
+    base = history_repo(work)
+    stuff = path / "environment" / "stuff"
+    stuff.mkdir()
+    git(tmp_path, "clone", "-q", "--bare", str(work), str(stuff / "origin.git"))
+    (stuff / "readme.txt").write_text("plain\n")
+    out = tmp_path / "sandbox"
+    with tarfile.open(fileobj=io.BytesIO(load_task(path).environment_tar())) as tar:
+        tar.extractall(out, filter="data")
+    bare = out / "app" / "origin.git"
+    assert git(bare, "--git-dir=.", "log", "--all", "--format=%H") == base
+    assert git(bare, "--git-dir=.", "rev-parse", "--is-bare-repository") == "true"
+    git(bare, "--git-dir=.", "fsck", "--strict")
+    assert (out / "app" / "readme.txt").read_text() == "plain\n"
+    git(work, "bundle", "create", "-q", str(stuff / "all.bundle"), "--all")
+    with pytest.raises(UsageError, match="all.bundle: a git bundle carries"):
+        load_task(path)
+
+
 def test_a_shipped_repository_without_commits_stays_empty(tmp_path):
     path = make_task(tmp_path, dockerfile="FROM x\nWORKDIR /app\nCOPY repo .\n")
     repo = path / "environment" / "repo"

@@ -14,8 +14,9 @@ task's image on a Docker engine (tagged with a hash of `environment/`, so an unc
 task is built once), and where none is reachable the task is skipped with a one-line
 reason.
 
-A git repository the environment copies reaches the sandbox with its base commit only
-(`add_base_commit`): its history may hold the solution.
+A git repository the environment copies (a `.git` directory or a bare repository) reaches
+the sandbox with its base commit only (`add_base_commit`): its history may hold the
+solution. A git bundle, which is history in one file, is refused.
 """
 
 from __future__ import annotations
@@ -189,23 +190,45 @@ def _add_copy(tar: tarfile.TarFile, context: Path, source: str, copy: Copy) -> N
     if not src.is_relative_to(context) or not src.exists():
         raise UsageError(f"COPY {source}: not a file of the build context {context}")
     dest = PurePosixPath(copy.workdir) / copy.dest
-    if src.is_dir() and src.name == GIT_DIR:
+    if _is_repository(src):
         add_base_commit(tar, src, dest)
         return
     if src.is_dir():
+        repositories: list[Path] = []
         for child in sorted(src.rglob("*")):
-            inside = child.relative_to(src)
-            if GIT_DIR in inside.parts[:-1]:
+            if any(child.is_relative_to(r) for r in repositories):
                 continue  # a repository's own files: `add_base_commit` writes new ones
-            if child.name == GIT_DIR and child.is_dir():
+            inside = child.relative_to(src)
+            if _is_repository(child):
+                repositories.append(child)
                 add_base_commit(tar, child, dest / inside)
             elif child.is_file():
+                _refuse_bundle(child)
                 tar.add(child, arcname=str(dest / inside).lstrip("/"))
         return
+    _refuse_bundle(src)
     # Docker: a destination ending in / or . (or several sources) is a directory.
     is_dir = copy.dest.endswith(("/", "/.")) or copy.dest == "." or len(copy.sources) > 1
     target = dest / src.name if is_dir else dest
     tar.add(src, arcname=str(target).lstrip("/"))
+
+
+def _is_repository(path: Path) -> bool:
+    """A `.git` directory, or a bare repository (HEAD, objects/ and refs/ side by side)."""
+    if not path.is_dir():
+        return False
+    bare = (path / "HEAD").is_file() and (path / "objects").is_dir() and (path / "refs").is_dir()
+    return path.name == GIT_DIR or bare
+
+
+def _refuse_bundle(path: Path) -> None:
+    with path.open("rb") as file:
+        head = file.read(16)
+    if head.startswith((b"# v2 git bundle", b"# v3 git bundle")):
+        raise UsageError(
+            f"{path}: a git bundle carries a repository's history, which may hold the "
+            "solution; copy the repository itself (reduced to its base commit) instead"
+        )
 
 
 def add_base_commit(tar: tarfile.TarFile, git_dir: Path, dest: PurePosixPath) -> None:
@@ -223,9 +246,12 @@ def base_commit_repository(old: Path, new: Path) -> None:
     at it, an index of its tree and a fresh config. History, the reflog, stashes, tags,
     other refs, packed and dangling objects stay behind: any of them may hold the solution.
     HEAD's hash and tree are unchanged, so `git diff` and `git checkout BASE -- PATH` work
-    as before. A repository whose HEAD has no commit yet becomes an empty one."""
+    as before. A bare repository stays bare. A repository whose HEAD has no commit yet
+    becomes an empty one."""
     object_format = _git(old, "rev-parse", "--show-object-format").decode().strip()
     _git(new, "init", "-q", "--template=", f"--object-format={object_format}")
+    bare = _git(old, "config", "--bool", "core.bare", check=False).strip() == b"true"
+    _git(new, "config", "core.bare", "true" if bare else "false")
     branch = _git(old, "symbolic-ref", "-q", "HEAD", check=False).decode().strip()
     if branch:
         _git(new, "symbolic-ref", "HEAD", branch)
@@ -241,7 +267,8 @@ def base_commit_repository(old: Path, new: Path) -> None:
         _git(new, "update-ref", branch, base)
     else:
         _git(new, "update-ref", "--no-deref", "HEAD", base)
-    _git(new, "read-tree", base)
+    if not bare:  # a bare repository has no index
+        _git(new, "read-tree", base)
 
 
 def _git(git_dir: Path, *args: str, stdin: bytes = b"", check: bool = True) -> bytes:
