@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from reinforge.config import Config, load_config
@@ -21,19 +22,23 @@ from reinforge.types import Trajectory
 from .commands import ROOT, kill_after, tiny_train
 
 GATED_ENV = str(ROOT / "tests" / "data" / "gated_env.py")
+UNIFORM_ENV = str(ROOT / "tests" / "data" / "uniform_env.py")
 SLOW_TASK = f"gated-{task_seed(0, 0)}-0"
 """The group the gated environment holds back: the first task of the run's first step."""
 
 
-def _run(tmp_path: Path, *overrides: str) -> tuple[list[dict], list[Trajectory]]:
-    """Train in this process, counting finished steps in the gated environment's module;
-    returns the metrics rows and the trained trajectories."""
+def _run(
+    tmp_path: Path, *overrides: str, env: str = GATED_ENV
+) -> tuple[list[dict], list[Trajectory]]:
+    """Train in this process (on the gated environment unless `env` names another; the
+    gated one counts finished steps in its module); returns the metrics rows and the
+    recorded trajectories."""
     config = load_config(
         Config,
         None,
         [
             "model.name=tiny-random",
-            f"env.name={GATED_ENV}",
+            f"env.name={env}",
             f"run.dir={tmp_path}",
             "run.name=r",
             "rollout.tasks_per_step=2",
@@ -43,7 +48,8 @@ def _run(tmp_path: Path, *overrides: str) -> tuple[list[dict], list[Trajectory]]
     )
 
     def on_step(metrics: dict) -> None:
-        sys.modules["reinforge_user_env_gated_env"].steps_done += 1
+        if env == GATED_ENV:
+            sys.modules["reinforge_user_env_gated_env"].steps_done += 1
 
     run = asyncio.run(train(config, on_step))
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -110,6 +116,53 @@ def test_async_mode_never_trains_a_group_older_than_the_bound(tmp_path):
     assert all(row["staleness_max"] <= 1 for row in rows)
     assert SLOW_TASK not in {t.task_id for t in trained}
     assert len(trained) == 5 * 2 * 2  # every step still trained on two full groups
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_uniform_groups_are_set_aside_and_the_next_tasks_drawn_in_their_place(tmp_path, mode):
+    # each step's tasks: one whose group varies, one whose group cannot
+    rows, recorded = _run(
+        tmp_path,
+        f"loop.mode={mode}",
+        f"env.name={UNIFORM_ENV}",
+        "env.args.varying=1",
+        "loop.uniform_redraws=4",
+        "run.steps=3",
+        env=UNIFORM_ENV,
+    )
+    for row in rows:
+        # two varying groups trained every step, once it had set the uniform ones aside
+        assert row["trained_samples"] == 4 and row["train"] is not None
+        assert row["zero_variance_groups"] == row["redrawn"]
+        assert row["tasks"] == 2 + row["redrawn"]  # the step's numbers count them too
+    if mode == "sync":  # every step starts on a task after a varying one
+        assert all(row["redrawn"] >= 1 for row in rows)
+    same = [t for t in recorded if t.task_id.startswith("same-")]
+    assert same
+    assert len(same) == 2 * sum(row["redrawn"] for row in rows)  # recorded, never trained
+    assert len(recorded) - len(same) == 3 * 4
+
+
+def test_uniform_redraws_are_bounded_per_step(tmp_path):
+    rows, recorded = _run(
+        tmp_path,
+        f"env.name={UNIFORM_ENV}",
+        "env.args.varying=0",  # every group uniform
+        "loop.uniform_redraws=1",
+        "run.steps=2",
+        env=UNIFORM_ENV,
+    )
+    for row in rows:
+        assert row["redrawn"] == 1 and row["zero_variance_groups"] == 3
+        assert row["tasks"] == 3 and row["train"] is None
+    assert len(recorded) == 2 * 3 * 2
+
+
+def test_without_redraws_a_step_trains_on_the_groups_it_draws_first(tmp_path):
+    rows, _ = _run(tmp_path, f"env.name={UNIFORM_ENV}", "run.steps=2", env=UNIFORM_ENV)
+    for row in rows:
+        assert row["redrawn"] == 0 and row["zero_variance_groups"] == 1
+        assert row["tasks"] == 2 and row["trained_samples"] == 2
 
 
 def test_a_killed_async_run_resumes_with_its_versions_and_staleness(tmp_path):

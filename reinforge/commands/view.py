@@ -77,8 +77,9 @@ def step_line(metrics: StepMetrics, steps: int) -> str:
         f"reward {metrics.reward_mean:.3f} ± {metrics.reward_std:.3f}  "
         f"pass {metrics.pass_rate:.2f}  "
         f"len {metrics.completion_tokens_mean:5.1f}  "
-        f"zero-var {metrics.zero_variance_groups}  "
-        f"errors {metrics.errored}  "
+        f"zero-var {metrics.zero_variance_groups}"
+        + (f" (redrawn {metrics.redrawn})" if metrics.redrawn else "")
+        + f"  errors {metrics.errored}  "
         f"wait {times.trainer_idle_s:5.1f}s  train {times.train_s:5.1f}s  "
         f"sync {times.sync_s:4.2f}s" + _staleness(metrics)
     )

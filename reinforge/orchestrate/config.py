@@ -46,6 +46,13 @@ class LoopConfig(Section):
     """In policy versions: a group holding a token sampled more than this many versions
     before the trainer's is dropped (counted), never trained. It also bounds how far ahead
     the rollout side runs: at most (max_staleness + 1) steps of groups in flight."""
+    uniform_redraws: int = Field(0, ge=0)
+    """Dynamic sampling (DAPO's): each step may set aside up to this many groups whose
+    rewards are all equal and that no teacher scores (they would train nothing) and draw
+    the next tasks in their place, so that it trains on `rollout.tasks_per_step` groups
+    that vary while this lasts. Set-aside groups are sampled by the same weights, recorded
+    with the step's trajectories, and counted in its rollout numbers and in
+    `zero_variance_groups` and `redrawn`. 0: a step trains on the groups it draws first."""
     engine_url: str | None = None
     """The /v1 URL of a `reinforge serve` on this machine to sample from, e.g.
     http://127.0.0.1:8000/v1; None: an engine in this process."""

@@ -3,8 +3,9 @@ mode `loop.mode` says.
 
 The rollout side (`RolloutSide`) and the trainer meet at a queue of finished groups. Each
 step takes the first `rollout.tasks_per_step` groups to finish, drops those holding a token
-older than `loop.max_staleness` versions, trains on the rest in data order, and syncs the
-weights. The modes differ only in how far ahead the rollout side may run and whether the
+older than `loop.max_staleness` versions, sets aside up to `loop.uniform_redraws` groups of
+equal rewards (the next tasks take their places), trains on the rest in data order, and
+syncs the weights. The modes differ only in how far ahead the rollout side may run and whether the
 engine decodes while the trainer trains:
 
 | mode    | groups outstanding          | engine while training                       |
@@ -44,7 +45,8 @@ from reinforge.orchestrate.trackers import check_installed
 from reinforge.policy.models import load_tokenizer
 from reinforge.rollout.summary import summarize
 from reinforge.train.checkpoints import latest_checkpoint, load_progress
-from reinforge.train.trainer import select_for_training
+from reinforge.train.trainer import rewards_vary, select_for_training
+from reinforge.types import Group
 
 
 async def train(
@@ -96,7 +98,18 @@ async def train(
         for step in range(start_step, config.run.steps):
             # 1. rollout: the first groups to finish, none staler than the bound
             started = time.perf_counter()
-            finished, dropped = await _collect(rollouts, watching, per_step, engine.version, bound)
+            finished, redrawn, dropped = await _collect(
+                rollouts,
+                watching,
+                per_step,
+                engine.version,
+                bound,
+                config.loop.uniform_redraws,
+                lambda group: (
+                    teachers.teacher_of(group.task) is None
+                    and not rewards_vary(group, config.trainer)
+                ),
+            )
             trainer_idle_s = time.perf_counter() - started
             groups = [f.group for f in sorted(finished, key=lambda f: f.slot)]
             # 2. reward is in the trajectories; a teacher (distillation) scores the tokens
@@ -131,6 +144,7 @@ async def train(
                 trained_version=trained_version,
                 policy_version=engine.version,
                 dropped_stale=dropped,
+                redrawn=redrawn,
                 time=StepTime(
                     trainer_idle_s=trainer_idle_s,
                     train_s=train_s,
@@ -161,13 +175,18 @@ async def _collect(
     needed: int,
     version: int,
     max_staleness: int,
-) -> tuple[list[Finished], int]:
-    """The first `needed` groups to finish within the staleness bound, and how many
-    finished beyond it (dropped: their slots go back to the rollout side). Should the
-    engines' supervisor give up (`watching` ends) first, its error."""
+    redraws: int,
+    uniform: Callable[[Group], bool],
+) -> tuple[list[Finished], int, int]:
+    """The first `needed` groups to finish within the staleness bound, after up to
+    `redraws` `uniform` ones that finished earlier (returned with them, set aside: not
+    counted among the `needed`); how many of those were set aside, and how many finished
+    beyond the bound (dropped). Both kinds give their slots back to the rollout side at
+    once, so the next tasks start in their places. Should the engines' supervisor give up
+    (`watching` ends) first, its error."""
     kept: list[Finished] = []
-    dropped = 0
-    while len(kept) < needed:
+    redrawn = dropped = 0
+    while len(kept) < needed + redrawn:
         next_group = asyncio.ensure_future(rollouts.next_group())
         await asyncio.wait({next_group, watching}, return_when=asyncio.FIRST_COMPLETED)
         if watching.done():
@@ -180,4 +199,7 @@ async def _collect(
             await rollouts.release(1)
             continue
         kept.append(finished)
-    return kept, dropped
+        if redrawn < redraws and uniform(finished.group):
+            redrawn += 1
+            await rollouts.release(1)
+    return kept, redrawn, dropped

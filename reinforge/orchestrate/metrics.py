@@ -85,6 +85,9 @@ class StepMetrics(RolloutSummary):
     """Counted from 1: the steps done after it."""
     zero_variance_groups: int
     """Groups whose rewards were all equal: no signal, not trained."""
+    redrawn: int = 0
+    """Of those, the ones set aside with the next tasks drawn in their place
+    (`loop.uniform_redraws`)."""
     masked_truncated: int
     """Truncated completions left out of the loss (`trainer.truncated = "mask"`)."""
     train: TrainStats | None
@@ -134,6 +137,7 @@ def step_metrics(
     trained_version: int,
     policy_version: int,
     dropped_stale: int,
+    redrawn: int = 0,
     time: StepTime,
     rollout_tokens_per_s: float,
     synced: Synced | None,
@@ -153,6 +157,7 @@ def step_metrics(
         **dict(summary),
         step=step,
         zero_variance_groups=selection.zero_variance_groups,
+        redrawn=redrawn,
         masked_truncated=selection.masked_truncated,
         train=trained,
         policy_version=policy_version,

@@ -25,7 +25,9 @@ from reinforge.types import Group, Task
 @dataclass(frozen=True, order=True)
 class Slot:
     batch: int
-    """The step whose tasks the group comes from (in sync mode, the step that trains it)."""
+    """The step whose tasks the group comes from (in sync mode, the step that trains it,
+    unless `loop.uniform_redraws` drew it in place of a set-aside group: then an earlier
+    one)."""
     index: int
     """The task's index among that step's tasks."""
 

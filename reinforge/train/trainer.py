@@ -82,10 +82,10 @@ def select_for_training(
     for group in groups:
         usable = [t for t in group.trajectories if trainable(t)]
         taught = distill is not None and bool(usable) and all(t.teacher_logprobs for t in usable)
-        rewards = [_training_reward(t, config) for t in usable]
-        if not taught and (len(usable) < 2 or max(rewards) == min(rewards)):
+        if not taught and not rewards_vary(group, config):
             selection.zero_variance_groups += 1
             continue
+        rewards = [_training_reward(t, config) for t in usable]
         advantages = config.algorithm.advantage.compute(torch.tensor(rewards))  # (G,)
         for trajectory, advantage in zip(usable, advantages.tolist(), strict=True):
             if config.truncated == "mask" and trajectory.status is Status.TRUNCATED:
@@ -97,6 +97,13 @@ def select_for_training(
             else:
                 selection.advantages.append(advantage)
     return selection
+
+
+def rewards_vary(group: Group, config: TrainerConfig) -> bool:
+    """Whether two or more of the group's trainable rollouts have different rewards: what
+    a group that no teacher scored needs for any advantage to be nonzero."""
+    rewards = [_training_reward(t, config) for t in group.trajectories if trainable(t)]
+    return len(rewards) >= 2 and max(rewards) != min(rewards)
 
 
 def trainable(trajectory: Trajectory) -> bool:
