@@ -3,28 +3,33 @@
 Each episode gets a sandbox set up from the task's `environment/` (see `harbor_task`): a
 local one where the Dockerfile can be replayed, else a container of the task's image on
 Docker. The instruction is its prompt, and it gets an agent: the model with the sandbox
-tools (`bash`, `read_file`, `write_file`, `edit`), or a scripted agent for task authors:
-`oracle` runs `solution/solve.sh`, `nop` does nothing, and a `ScriptAgent` runs its own
-shell script (the exploits of `reinforge audit`). All are graded the same way, by the
-task's `tests/test.sh` in a fresh sandbox after the agent phase (see `harbor_verify`).
+tools (`bash`, `read_file`, `write_file`, `edit`), or a scripted agent for task authors
+(`harbor_agents`): `oracle` runs `solution/solve.sh`, `nop` does nothing, and a
+`ScriptAgent` runs its own shell script (the exploits of `reinforge audit`). All are
+graded the same way, by the task's `tests/test.sh` in a fresh sandbox after the agent
+phase (see `harbor_verify`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import random
-import re
 import sys
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from reinforge.envs.environment import Environment, Harness
 from reinforge.envs.episode import Episode
 from reinforge.envs.hacks import hack_flags
+from reinforge.envs.harbor_agents import (
+    OUTPUT_CHARS,
+    SOLUTION_DIR,
+    ScriptAgent,
+    play_oracle,
+    play_script,
+)
 from reinforge.envs.harbor_task import HarborTask, find_tasks, load_task
 from reinforge.envs.harbor_verify import (
     LOGS_DIR,
@@ -34,7 +39,6 @@ from reinforge.envs.harbor_verify import (
     filter_workspace,
     quiesce_and_snapshot,
     run_verifier,
-    tests_tar,
     verifier_env,
 )
 from reinforge.envs.rubric import Reward, Rubric
@@ -45,7 +49,6 @@ from reinforge.sandbox.docker import DockerProvider, unreachable
 from reinforge.sandbox.local import LocalProvider
 from reinforge.sandbox.pool import PooledSandbox, SandboxPool
 from reinforge.sandbox.protocol import (
-    ExecResult,
     HostView,
     Image,
     SandboxError,
@@ -56,25 +59,8 @@ from reinforge.types import Task
 
 AgentName = Literal["model", "oracle", "nop"]
 AGENTS: tuple[str, ...] = get_args(AgentName)
-SOLUTION_DIR = "/solution"
 WORKSPACE = "harbor_workspace"
 """The key of the agent's workspace tar in `Episode.resources` (never serialised)."""
-OUTPUT_CHARS = 2000
-"""How much of a script's or the verifier's output a trajectory keeps (the end of it)."""
-
-
-@dataclass(frozen=True)
-class ScriptAgent:
-    """An agent that is one bash script, run in the workdir of the agent's sandbox with the
-    image's ENV: no model, no tools, graded like any other agent."""
-
-    name: str
-    script: str
-
-
-NAMED_PATH = re.compile(r"`(/[^`\s]+)`")
-"""An absolute path written in backticks in an instruction: a file the oracle looks at."""
-ORACLE_ANSWER = "I ran the commands above; the task is done."
 SYSTEM_PROMPT = (
     "You are an agent working in a Linux sandbox. Your working directory is {workdir}. "
     "Use the tools to inspect and change files and to run commands. When the task is "
@@ -232,51 +218,14 @@ class HarborEnvironment(Environment):
                 if self.agent == "model":
                     await super()._play(client, episode)
                 elif self.agent == "oracle":
-                    await self._oracle(task, episode)
+                    read_first = any(tool.name == "read_file" for tool in self.harness.tools)
+                    await play_oracle(task, episode, self.sandbox_tools, read_first)
                 elif isinstance(self.agent, ScriptAgent):
-                    await self._script(self.agent, task, episode)
+                    await play_script(self.agent, task, episode)
         except TimeoutError:
             episode.truncated = True
             episode.state["agent_timed_out"] = True
         episode.state["agent_done"] = True
-
-    async def _oracle(self, task: HarborTask, episode: Episode) -> None:
-        """Run `solution/solve.sh` as Harbor does (bash, the solution's ENV, no time limit
-        but the agent's), and record it as the conversation a model agent would have had:
-        a `read_file` call (when that tool is offered) for each file the instruction names
-        by absolute path that exists, then one `bash` call holding the script (less its
-        `#!` line), each with what the tool reports, and a final answer. Those transcripts
-        are SFT data that teaches the tool-call format, and to look at a file before
-        changing it (`examples/coding-sft.toml`)."""
-        sandbox: PooledSandbox = episode.resources[SANDBOX]
-        solve = task.solution_dir / "solve.sh"
-        if not solve.is_file():
-            raise UsageError(f"{task.path}: no solution/solve.sh for the oracle agent")
-        script = solve.read_text(encoding="utf-8", errors="replace")
-        if script.startswith("#!"):  # a shell command, as a model would write it
-            script = script.split("\n", 1)[1] if "\n" in script else ""
-        if any(tool.name == "read_file" for tool in self.harness.tools):
-            reads, reports = [], []
-            for path in dict.fromkeys(NAMED_PATH.findall(task.instruction)):
-                try:
-                    reports.append(await self.sandbox_tools.read_file(path, episode))
-                except FileNotFoundError:  # a file the task asks for: nothing to look at
-                    continue
-                reads.append((f"call_read_{len(reads)}", "read_file", {"path": path}))
-            if reads:
-                _record_calls(episode, reads, reports)
-        await sandbox.upload_tar(tests_tar(task.solution_dir), SOLUTION_DIR)
-        env = task.env | task.config.solution.env
-        result = await sandbox.exec(["bash", f"{SOLUTION_DIR}/solve.sh"], env=env)
-        _keep_output(episode, "oracle", result)
-        solve_call = ("call_oracle", "bash", {"command": script})
-        _record_calls(episode, [solve_call], [self.sandbox_tools.report(result)])
-        episode.messages.append({"role": "assistant", "content": ORACLE_ANSWER})
-
-    async def _script(self, agent: ScriptAgent, task: HarborTask, episode: Episode) -> None:
-        sandbox: PooledSandbox = episode.resources[SANDBOX]
-        result = await sandbox.exec(["bash", "-c", agent.script], env=task.env)
-        _keep_output(episode, "script", result)
 
     async def stop(self, episode: Episode) -> None:
         """Kill the agent's processes, copy its workspace out, destroy its sandbox, then
@@ -390,36 +339,6 @@ def tool_format(episode: Episode) -> float:
     learned the format still writes malformed JSON half the time); it can be had with any
     well-formed call, so it must stay well below the verifier's 1."""
     return float(episode.tool_calls > 0 and episode.tool_errors == 0)
-
-
-def _record_calls(
-    episode: Episode, calls: list[tuple[str, str, dict[str, str]]], reports: list[str]
-) -> None:
-    """One assistant turn making `calls` (id, tool, arguments), and each tool's report."""
-    episode.messages.append(
-        {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": name, "arguments": json.dumps(args)},
-                }
-                for call_id, name, args in calls
-            ],
-        }
-    )
-    for (call_id, name, _), report in zip(calls, reports, strict=True):
-        episode.messages.append(
-            {"role": "tool", "tool_call_id": call_id, "name": name, "content": report}
-        )
-
-
-def _keep_output(episode: Episode, agent: str, result: ExecResult) -> None:
-    episode.state[f"{agent}_exit_code"] = result.exit_code
-    output = (result.stdout + result.stderr).decode(errors="replace")
-    episode.state[f"{agent}_output"] = output[-OUTPUT_CHARS:]
 
 
 Split = Literal["all", "train", "test"]

@@ -15,7 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reinforge.envs.harbor import HarborEnvironment, ScriptAgent
+from reinforge.envs.harbor import HarborEnvironment
+from reinforge.envs.harbor_agents import ScriptAgent
 from reinforge.policy.client import PolicyClient
 from reinforge.rollout.config import RolloutConfig
 from reinforge.rollout.generator import generate_group
