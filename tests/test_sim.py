@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from reinforge.config import load_config
-from reinforge.sim.config import Layout, LoopShape, SimConfig
+from reinforge.sim.config import MODES, Layout, LoopShape, SimConfig
 from reinforge.sim.pipeline import Simulation
 from reinforge.sim.predict import Prediction, load_workload, predict
 from reinforge.sim.profile import Curve, Profile, Sharing, TrainerTimes
-from reinforge.sim.workload import GroupCost, RolloutCost
+from reinforge.sim.workload import GroupCost, RolloutCost, Workload
 from reinforge.types import Status, Timings, Trajectory
 
 from .commands import reinforge
@@ -55,7 +55,8 @@ def config(*overrides: str) -> SimConfig:
 
 class Fixed:
     """Every group alike: `rollouts` rollouts of `tokens` sampled tokens after a 10-token
-    prompt, graded in `grade_s`; slot `slow` (if any) grades in `slow_s` instead."""
+    prompt, graded in `grade_s`; slot `slow` (if any) grades in `slow_s` instead; the
+    slots in `uniform` have equal rewards (they train nothing), the others all train."""
 
     def __init__(
         self,
@@ -64,22 +65,26 @@ class Fixed:
         grade_s: float = 0.0,
         slow: int | None = None,
         slow_s: float = 0.0,
+        uniform: frozenset[int] = frozenset(),
     ) -> None:
         self.rollouts = rollouts
         self.tokens = tokens
         self.grade_s = grade_s
         self.slow = slow
         self.slow_s = slow_s
+        self.uniform = uniform
 
     def group(self, slot: int) -> GroupCost:
         rollout = RolloutCost(
             prompt_tokens=10, completion_tokens=self.tokens, context_tokens=0, turns=1, env_s=0
         )
         grade_s = self.slow_s if slot == self.slow else self.grade_s
-        return GroupCost((rollout,) * self.rollouts, grade_s, (True,) * self.rollouts)
+        uniform = slot in self.uniform
+        trained = (not uniform,) * self.rollouts
+        return GroupCost((rollout,) * self.rollouts, grade_s, trained, uniform)
 
 
-def simulate(cfg: SimConfig, workload: Fixed, prof: Profile, mode: str = "sync", steps: int = 8):
+def simulate(cfg: SimConfig, workload: Workload, prof: Profile, mode: str = "sync", steps: int = 8):
     shape = LoopShape.of(cfg, mode)  # type: ignore[arg-type]
     return Simulation(shape, Layout(1, 1), prof, workload).run(steps)
 
@@ -166,6 +171,56 @@ def test_the_staleness_bound_drops_a_group_that_finishes_too_late():
     assert steps[0].time.trainer_idle_s == pytest.approx(10.09)
 
 
+def test_uniform_groups_give_their_slots_to_the_next_tasks_while_the_redraws_last():
+    # sync, 2 tasks x 2 rollouts of 10 tokens (0.09 s of decoding), one redraw a step;
+    # slots 0, 2 and 3 have equal rewards.
+    # step 1: slots 0 and 1 finish at 0.09 s; 0 is set aside and slot 2 starts in its
+    #   place, finishing at 0.18 s: uniform, but the redraw is spent, so it counts. The
+    #   step trains slot 1 alone: 0.5 + 40 / 1000 = 0.54 s; 0.18 + 0.54 = 0.72 s.
+    # step 2: slots 3 and 4; 3 is set aside for slot 5, which varies: 0.18 + 0.58 s.
+    # step 3: slots 6 and 7 vary: 0.09 + 0.58 s, nothing set aside.
+    shape = ["rollout.tasks_per_step=2", "rollout.rollouts_per_task=2"]
+    workload = Fixed(2, 10, uniform=frozenset({0, 2, 3}))
+    steps = simulate(config(*shape, "loop.uniform_redraws=1"), workload, profile(), steps=3)
+    assert [s.time.total_s for s in steps] == pytest.approx([0.72, 0.76, 0.67])
+    assert [s.time.trainer_idle_s for s in steps] == pytest.approx([0.18, 0.18, 0.09])
+    assert [s.redrawn for s in steps] == [1, 1, 0]
+    assert [s.trained_samples for s in steps] == [2, 4, 4]
+    assert [s.taken_rollouts for s in steps] == [6, 6, 4]  # set-aside groups are taken
+    assert [s.staleness for s in steps] == [{0: 20}, {0: 40}, {0: 40}]
+    # without redraws a step takes the first 2 groups: slots 2 and 3 train nothing
+    steps = simulate(config(*shape), workload, profile(), steps=3)
+    assert [s.time.total_s for s in steps] == pytest.approx([0.63, 0.09, 0.67])
+    assert [s.redrawn for s in steps] == [0, 0, 0]
+    assert [s.trained_samples for s in steps] == [2, 0, 4]
+
+
+def test_redraws_buy_signal_with_time_and_stay_within_their_budget():
+    # half the groups uniform, 4 tasks x 2 rollouts a step, up to 2 set aside a step
+    args = ["rollout.tasks_per_step=4", "rollout.rollouts_per_task=2", "sim.workload.signal=0.5"]
+    args += ["sim.workload.completion_tokens.median=32", "sim.workload.completion_tokens.cap=256"]
+    for mode in MODES:
+        runs = {}
+        for redraws in (0, 2):
+            cfg = config(*args, f"loop.uniform_redraws={redraws}")
+            runs[redraws] = steps = simulate(cfg, load_workload(cfg), profile(), mode, steps=30)
+            for step in steps:
+                assert step.redrawn <= redraws
+                assert step.taken_rollouts == (4 + step.redrawn) * 2
+                if step.redrawn < redraws:  # the budget lasted: every counted group varies
+                    assert step.trained_samples == 4 * 2
+                if mode == "sync":  # a slot given back twice starts a group that goes stale
+                    assert step.dropped_stale == 0 and set(step.staleness) <= {0}
+                else:
+                    assert max(step.staleness, default=0) <= 1
+        assert sum(s.redrawn for s in runs[2]) > 0, mode
+        trained = {r: sum(s.trained_samples for s in steps) for r, steps in runs.items()}
+        assert trained[2] > trained[0], mode
+        if mode == "sync":  # each redraw waits for one more group
+            took = {r: sum(s.time.total_s for s in steps) for r, steps in runs.items()}
+            assert took[2] > took[0]
+
+
 def test_predictions_are_deterministic_for_a_seed():
     args = ["sim.devices=3", "sim.steps=6", "sim.workload.grade_s.median=1.0"]
     args.append("sim.workload.grade_s.sigma=1.0")
@@ -183,35 +238,68 @@ def test_predictions_are_deterministic_for_a_seed():
     assert len(first) == 9 and all(isinstance(p, Prediction) for p in first)
 
 
+def recorded(
+    group: str, index: int, reward: float | None, status: Status = Status.OK
+) -> Trajectory:
+    """A rollout as a run records it: 3 prompt tokens, 2 sampled, 0.4 s of grading."""
+    return Trajectory(
+        task_id=group,
+        group_id=group,
+        index=index,
+        token_ids=[1, 2, 3, 4, 5],
+        loss_mask=[0, 0, 0, 1, 1],
+        logprobs=[-1.0, -1.0],
+        policy_versions=[0, 0],
+        reward=reward,
+        status=status,
+        turns=1,
+        timings=Timings(env_s=0.25, score_s=0.4),
+    )
+
+
+def write_run(run: Path, trajectories: list[Trajectory]) -> None:
+    folder = run / "trajectories"
+    folder.mkdir(parents=True)
+    lines = [t.model_dump_json() for t in trajectories]
+    (folder / "step_00001.jsonl").write_text("\n".join(lines) + "\n")
+
+
 def test_a_run_gives_the_workload_its_groups(tmp_path):
     # one group of two rollouts: 3 prompt tokens, 2 sampled, graded together in 0.8 s
     # (the generator records 0.4 s on each); rewards differ, so both train
-    def rollout(index: int, reward: float) -> Trajectory:
-        return Trajectory(
-            task_id="t",
-            group_id="t",
-            index=index,
-            token_ids=[1, 2, 3, 4, 5],
-            loss_mask=[0, 0, 0, 1, 1],
-            logprobs=[-1.0, -1.0],
-            policy_versions=[0, 0],
-            reward=reward,
-            status=Status.OK,
-            turns=1,
-            timings=Timings(env_s=0.25, score_s=0.4),
-        )
-
-    folder = tmp_path / "run" / "trajectories"
-    folder.mkdir(parents=True)
-    lines = [rollout(0, 0.0).model_dump_json(), rollout(1, 1.0).model_dump_json()]
-    (folder / "step_00001.jsonl").write_text("\n".join(lines) + "\n")
+    write_run(tmp_path / "run", [recorded("t", 0, 0.0), recorded("t", 1, 1.0)])
     cfg = config("rollout.rollouts_per_task=2", f"sim.from_run='{tmp_path / 'run'}'")
     group = load_workload(cfg).group(0)
     assert group.grade_s == pytest.approx(0.8) and group.trained == (True, True)
+    assert not group.uniform
     assert group.rollouts[0] == RolloutCost(
         prompt_tokens=3, completion_tokens=2, context_tokens=0, turns=1, env_s=0.25
     )
     assert group.trained_tokens == 10
+
+
+def test_a_run_says_which_groups_are_uniform_as_the_loop_judges_them(tmp_path):
+    # under trainer.truncated = "mask": rewards 1, 1 are uniform; two errors are too (fewer
+    # than two rewards to differ); two truncated rollouts of rewards 0, 1 vary but are
+    # masked: they train nothing, yet the loop keeps them, as it keeps rewards 0, 1
+    error, cut = Status.ERROR, Status.TRUNCATED
+    rollouts = [recorded("equal", 0, 1.0), recorded("equal", 1, 1.0)]
+    rollouts += [recorded("varies", 0, 0.0), recorded("varies", 1, 1.0)]
+    rollouts += [recorded("errored", 0, None, error), recorded("errored", 1, None, error)]
+    rollouts += [recorded("masked", 0, 0.0, cut), recorded("masked", 1, 1.0, cut)]
+    write_run(tmp_path / "run", rollouts)
+    args = ["rollout.rollouts_per_task=2", f"sim.from_run='{tmp_path / 'run'}'"]
+    args += ["trainer.truncated=mask", "sim.replay=true", "rollout.tasks_per_step=1"]
+    cfg = config(*args, "loop.uniform_redraws=1")
+    workload = load_workload(cfg)
+    costs = [workload.group(slot) for slot in range(4)]
+    assert [c.uniform for c in costs] == [True, False, True, False]
+    assert [c.trained for c in costs] == [(False,) * 2, (True,) * 2, (False,) * 2, (False,) * 2]
+    # replayed in sync: each step sets its uniform group aside and counts the next one
+    steps = simulate(cfg, workload, profile(), steps=2)
+    assert [s.redrawn for s in steps] == [1, 1]
+    assert [s.trained_samples for s in steps] == [2, 0]
+    assert [s.taken_rollouts for s in steps] == [4, 4]
 
 
 def test_a_curve_interpolates_between_points_and_extends_the_last_segment():

@@ -137,13 +137,14 @@ COLUMNS = (
     "stale",
     "0/1/2+ %",
     "drop/step",
+    "redrawn/step",
     "util S/T",
 )
 KEY = """\
 layout: samplers + trainers, or N shared (each device samples and trains); * the best of
 its mode. idle: the trainer waiting for groups; train: train + sync. stale: mean (max)
-staleness, and the % of trained tokens at staleness 0/1/2+. util: share of the time the
-samplers / the trainers work."""
+staleness, and the % of trained tokens at staleness 0/1/2+. redrawn: uniform groups set
+aside (loop.uniform_redraws). util: share of the time the samplers / the trainers work."""
 
 
 def _print(predictions: list[Prediction], chosen: list[Prediction], devices: int) -> None:
@@ -162,6 +163,7 @@ def _print(predictions: list[Prediction], chosen: list[Prediction], devices: int
                 f"{p.staleness_mean:.2f} ({p.staleness_max})",
                 "/".join(f"{100 * share:.0f}" for share in shares),
                 f"{p.dropped_per_step:.2f}",
+                f"{p.redrawn_per_step:.2f}",
                 f"{p.sampler_utilisation:.0%}/{p.trainer_utilisation:.0%}",
             )
         )

@@ -1,11 +1,11 @@
 """The simulator's config: the train tree (`Config`) plus a `sim` section.
 
-The loop's own settings (`loop.mode`, `loop.max_staleness`, `rollout.tasks_per_step`,
-`rollout.rollouts_per_task`, `rollout.concurrency`, `engine.max_batch`, ...) are read from
-the same keys `reinforge train` reads, so a run's config file simulates as it trains; the
-`sim` section holds only what a run does not have: the profile, the devices, and a
-parametric workload for a run not yet made. `LoopShape` is what the simulated loop reads
-of all that, and `Layout` one placement of the devices.
+The loop's own settings (`loop.mode`, `loop.max_staleness`, `loop.uniform_redraws`,
+`rollout.tasks_per_step`, `rollout.rollouts_per_task`, `rollout.concurrency`,
+`engine.max_batch`, ...) are read from the same keys `reinforge train` reads, so a run's
+config file simulates as it trains; the `sim` section holds only what a run does not have:
+the profile, the devices, and a parametric workload for a run not yet made. `LoopShape` is
+what the simulated loop reads of all that, and `Layout` one placement of the devices.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ class ParametricWorkload(Section):
     """Seconds of grading per rollout. A group's rollouts are graded together once all
     have finished, so a group waits for its slowest grade."""
     signal: float = Field(1.0, ge=0.0, le=1.0)
-    """Share of groups whose rewards differ; the others train nothing."""
+    """Share of groups whose rewards differ; the others are uniform: they train nothing,
+    and `loop.uniform_redraws` may set them aside."""
 
 
 class CalibrationSection(Section):
@@ -139,6 +140,7 @@ class LoopShape:
 
     mode: Mode
     max_staleness: int
+    uniform_redraws: int
     tasks_per_step: int
     concurrency: int
     max_batch: int
@@ -150,6 +152,7 @@ class LoopShape:
         return cls(
             mode=mode,
             max_staleness=config.loop.max_staleness if mode != "sync" else 0,
+            uniform_redraws=config.loop.uniform_redraws,
             tasks_per_step=config.rollout.tasks_per_step,
             concurrency=config.rollout.concurrency,
             max_batch=config.engine.max_batch,

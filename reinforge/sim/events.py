@@ -23,8 +23,10 @@ class SimStep:
     time: StepTime
     trained_samples: int
     taken_rollouts: int
-    """Rollouts of the step's groups, trained or not."""
+    """Rollouts of the step's groups, trained or not, set aside or not."""
     dropped_stale: int
+    redrawn: int
+    """Uniform groups set aside, the next tasks drawn in their place (`loop.uniform_redraws`)."""
     staleness: Counter[int]
     """Trained tokens by staleness (trainer version minus the version that sampled them)."""
     sampler_busy_s: float

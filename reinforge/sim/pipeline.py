@@ -16,9 +16,10 @@ What it holds, part for part with the real loop:
   its decode at that batch; after a weight update the running rows' states are computed
   again (a prefill of what they hold). Every token records the version that sampled it;
 - the trainer (`Trainer`): takes the first `rollout.tasks_per_step` groups to finish,
-  drops those holding a token more than the bound behind, trains (the profile's time for
-  the trained tokens), syncs, and releases the step's slots. The engines pause for the
-  sync, and in partial mode for the whole step;
+  drops those holding a token more than the bound behind, sets aside up to
+  `loop.uniform_redraws` uniform ones (the next tasks start in their slots), trains (the
+  profile's time for the trained tokens), syncs, and releases the step's slots. The
+  engines pause for the sync, and in partial mode for the whole step;
 - a colocated layout shares devices between both sides: while both work (async), each
   runs slower by the profile's measured `sharing` factors.
 """

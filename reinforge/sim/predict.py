@@ -32,7 +32,8 @@ class Prediction(Record):
     """Mean `time.total_s`."""
     samples_per_min: float
     rollouts_per_min: float
-    """Rollouts the steps took, trained or not (their groups' rewards all equal)."""
+    """Rollouts the steps took, trained or not (their groups' rewards all equal), set
+    aside or not."""
     trainer_idle_s: float
     train_s: float
     sync_s: float
@@ -43,6 +44,8 @@ class Prediction(Record):
     staleness: dict[int, float]
     """Share of trained tokens at each staleness."""
     dropped_per_step: float
+    redrawn_per_step: float
+    """Uniform groups set aside (`loop.uniform_redraws`)."""
     sampler_utilisation: float
     """Share of the time the sampler devices run engine iterations."""
     trainer_utilisation: float
@@ -130,6 +133,7 @@ def summarize(steps: list[SimStep], mode: Mode, layout: Layout) -> Prediction:
         staleness_max=max(staleness, default=0),
         staleness={k: staleness[k] / tokens for k in sorted(staleness)},
         dropped_per_step=fmean(s.dropped_stale for s in steps),
+        redrawn_per_step=fmean(s.redrawn for s in steps),
         sampler_utilisation=sum(s.sampler_busy_s for s in steps) / (layout.samplers * total_s),
         trainer_utilisation=busy_train / total_s,
     )

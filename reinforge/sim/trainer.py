@@ -21,6 +21,8 @@ class Trainer:
         self.finished: deque[SimGroup] = deque()
         self.kept: list[SimGroup] = []
         self.dropped = 0
+        self.redrawn = 0
+        """Of `kept`, the uniform groups set aside: not counted among the step's groups."""
         self.training = False
         self.collecting = True
         self.steps: list[SimStep] = []
@@ -40,15 +42,21 @@ class Trainer:
             self._collect()
 
     def _collect(self) -> None:
+        """As the loop's `_collect`: a dropped group, and a uniform one set aside while the
+        step's redraws last, gives its slot back at once, so the next task starts in its
+        place; the step waits for `tasks_per_step` groups beyond those set aside."""
         shape = self.sim.shape
-        while self.finished and len(self.kept) < shape.tasks_per_step:
+        while self.finished and len(self.kept) < shape.tasks_per_step + self.redrawn:
             group = self.finished.popleft()
             if self.version - group.oldest_version > shape.max_staleness:
                 self.dropped += 1
                 self.sim.rollouts.release(1)
                 continue
             self.kept.append(group)
-        if len(self.kept) == shape.tasks_per_step:
+            if self.redrawn < shape.uniform_redraws and group.cost.uniform:
+                self.redrawn += 1
+                self.sim.rollouts.release(1)
+        if len(self.kept) == shape.tasks_per_step + self.redrawn:
             self.collecting = False
             self._train()
 
@@ -133,13 +141,15 @@ class Trainer:
                 trained_samples=samples,
                 taken_rollouts=sum(len(g.rollouts) for g in self.kept),
                 dropped_stale=self.dropped,
+                redrawn=self.redrawn,
                 staleness=staleness,
                 sampler_busy_s=busy - self._busy_mark,
             )
         )
         self._busy_mark = busy
         self._step_start = clock.now
-        self.kept, self.dropped = [], 0
+        self.kept, self.dropped, self.redrawn = [], 0, 0
         self.collecting = True
+        # the set-aside groups gave their slots back as they came
         self.sim.rollouts.release(self.sim.shape.tasks_per_step)
         self._collect()

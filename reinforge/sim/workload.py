@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from reinforge.errors import UsageError
 from reinforge.sim.config import Lognormal, ParametricWorkload
 from reinforge.train.config import TrainerConfig
-from reinforge.train.trainer import select_for_training
+from reinforge.train.trainer import rewards_vary, select_for_training
 from reinforge.types import Group, Status, Task, Trajectory, masked_spans
 
 
@@ -61,6 +61,11 @@ class GroupCost:
     """From the last rollout's end to the group's scores (graded together)."""
     trained: tuple[bool, ...]
     """Per rollout: whether the trainer takes it (not when the group's rewards are equal)."""
+    uniform: bool
+    """No two of its trainable rollouts' rewards differ (`rewards_vary` is false; so too
+    when fewer than two are trainable): the loop may set it aside (`loop.uniform_redraws`).
+    Not the same as training nothing: a group whose varying rollouts are all masked
+    (`trainer.truncated = "mask"`) trains nothing, yet the loop keeps it."""
 
     @property
     def trained_tokens(self) -> int:
@@ -100,7 +105,7 @@ class Parametric:
         )
         grade_s = max(_draw(spec.grade_s, rng) for _ in rollouts)
         signal = rng.random() < spec.signal
-        return GroupCost(rollouts, grade_s, (signal,) * self.group_size)
+        return GroupCost(rollouts, grade_s, (signal,) * self.group_size, uniform=not signal)
 
     def _tokens(self, rng: random.Random) -> int:
         tokens = round(_draw(self.spec.completion_tokens, rng))
@@ -130,8 +135,9 @@ def _draw(law: Lognormal, rng: random.Random) -> float:
 
 def read_run(run: Path, trainer: TrainerConfig) -> list[GroupCost]:
     """The groups of a run's `trajectories/step_*.jsonl`, in step order and, within a step,
-    in the order the loop trained them (for a sync run, the data order). Which rollouts
-    train is decided as the trainer decides it, under `trainer`."""
+    in the order the loop recorded them (for a sync run, the data order). Which rollouts
+    train, and which groups are uniform, are decided as the loop decides them, under
+    `trainer`."""
     files = sorted((run / "trajectories").glob("step_*.jsonl"))
     if not files:
         raise UsageError(f"no trajectories in {run} (looked for trajectories/step_*.jsonl)")
@@ -183,6 +189,7 @@ def _cost(trajectories: list[Trajectory], trainer: TrainerConfig) -> GroupCost:
     scored = [t for t in trajectories if t.status in (Status.OK, Status.TRUNCATED)]
     grade_s = sum(t.timings.score_s for t in scored)
     task = Task(id=trajectories[0].group_id, prompt=[])
-    chosen = select_for_training([Group(task=task, trajectories=trajectories)], trainer)
+    group = Group(task=task, trajectories=trajectories)
+    chosen = select_for_training([group], trainer)
     trained = tuple(any(t is c for c in chosen.trajectories) for t in trajectories)
-    return GroupCost(tuple(rollouts), grade_s, trained)
+    return GroupCost(tuple(rollouts), grade_s, trained, uniform=not rewards_vary(group, trainer))
