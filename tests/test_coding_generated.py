@@ -24,9 +24,7 @@ def generated(env) -> list[str]:
 @pytest.mark.parametrize(("agent", "reward"), [("oracle", 1.0), ("nop", 0.0)])
 async def test_every_kind_scores_1_with_its_solution_and_0_untouched(tmp_path, agent, reward):
     paths = generate(2 * len(KINDS), seed=0, root=tmp_path)
-    assert {p.name.rsplit("-", 1)[0] for p in paths} == {
-        "generated-" + kind.__name__.replace("_", "-") for kind in KINDS
-    }
+    assert {p.name.rsplit("-", 1)[0] for p in paths} == {f"generated-{kind}" for kind in KINDS}
     trajectories = await run_all(load_harbor(tmp_path, agent=agent))
     assert sorted(t.task_id for t in trajectories) == sorted(p.name for p in paths)
     assert all(t.status == "ok" and t.reward == reward for t in trajectories), trajectories
@@ -62,3 +60,12 @@ def test_generated_tasks_join_train_and_never_the_held_out_split():
         load_environment(split="test", generated=5)
     with pytest.raises(UsageError, match="generated -1: must be 0 or more"):
         load_environment(generated=-1)
+
+
+def test_generated_kinds_narrows_the_generated_tasks_to_those_named():
+    train = load_environment(split="train", generated=6, generated_kinds=["edit", "make-dir"])
+    kinds = [name.rsplit("-", 1)[0] for name in generated(train)]
+    assert sorted(kinds) == ["generated-edit"] * 3 + ["generated-make-dir"] * 3
+    for bad in (["edit", "paint"], []):
+        with pytest.raises(UsageError, match="generated_kinds .*: name one or more of edit, "):
+            load_environment(split="train", generated=2, generated_kinds=bad)

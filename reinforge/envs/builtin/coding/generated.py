@@ -12,7 +12,7 @@ train split, so the held-out tasks stay the written ones.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -327,16 +327,10 @@ def rename(rng: random.Random) -> Spec:
     )
 
 
-KINDS: list[Callable[[random.Random], Spec]] = [
-    edit,
-    delete,
-    append,
-    create,
-    copy,
-    make_dir,
-    move,
-    rename,
-]
+KINDS: dict[str, Callable[[random.Random], Spec]] = {
+    kind.__name__.replace("_", "-"): kind
+    for kind in (edit, delete, append, create, copy, make_dir, move, rename)
+}
 
 
 def write_task(spec: Spec, path: Path) -> None:
@@ -358,13 +352,13 @@ def write_task(spec: Spec, path: Path) -> None:
     (path / "tests" / "test_task.py").write_text(test)
 
 
-def generate(n: int, seed: int, root: Path) -> list[Path]:
-    """`n` task directories under `root`, the kinds taken in turn, drawn from `seed`."""
+def generate(n: int, seed: int, root: Path, kinds: Sequence[str] = tuple(KINDS)) -> list[Path]:
+    """`n` task directories under `root`, the `kinds` taken in turn, drawn from `seed`."""
     rng = random.Random(seed)
     paths = []
     for i in range(n):
-        kind = KINDS[i % len(KINDS)]
-        path = root / f"generated-{kind.__name__.replace('_', '-')}-{i:04d}"
-        write_task(kind(rng), path)
+        kind = kinds[i % len(kinds)]
+        path = root / f"generated-{kind}-{i:04d}"
+        write_task(KINDS[kind](rng), path)
         paths.append(path)
     return paths
