@@ -118,7 +118,7 @@ async def train(
             groups = await teachers.score(groups)
             teacher_s = time.perf_counter() - started
             # 3. advantages within each group, per token where a teacher scored it
-            selection = select_for_training(groups, config.trainer, config.distill)
+            selection = select_for_training(groups, config.trainer, config.distill, redrawn)
             trained_version = engine.version
             # 4-6. loss, optimizer step, weight sync to every engine (nothing to learn if
             # every group was uniform); in a thread, so the rollout side keeps running

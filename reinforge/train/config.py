@@ -59,6 +59,13 @@ class TrainerConfig(Section):
     or penalize (its reward becomes `truncation_penalty`)."""
     truncation_penalty: float = 0.0
     """The reward of a truncated completion when `truncated = "penalize"`."""
+    uniform_groups: Literal["skip", "count"] = "skip"
+    """A group whose rewards are all equal trains nothing either way (its advantages are
+    0). skip: a step's loss averages over the groups that vary, so a step that found one
+    moves the weights as far as one that found `rollout.tasks_per_step`. count: the
+    advantages are scaled by the share of the step's groups that vary, as if the uniform
+    ones were in the batch with advantage 0 (GRPO's batch), so a step that found little
+    signal moves little; groups set aside by `loop.uniform_redraws` do not count."""
     world_size: int = Field(1, ge=1)
     """Processes (ranks) training one model, each holding a shard of its weights, gradients
     and optimizer state (FSDP2) and running its share of each batch's micro-batches; gloo

@@ -66,18 +66,32 @@ class Selection:
     zero_variance_groups: int = 0
     masked_truncated: int = 0
     """Truncated completions left out of the loss (`truncated = "mask"`)."""
+    scale: float = 1.0
+    """What the advantages are multiplied by in the batch: the share of the step's groups
+    that vary under `uniform_groups = "count"`, else 1."""
 
     def batch(self) -> TrainBatch:
-        return TrainBatch.from_trajectories(self.trajectories, self.advantages)
+        advantages = [
+            [a * self.scale for a in advantage]
+            if isinstance(advantage, list)
+            else advantage * self.scale
+            for advantage in self.advantages
+        ]
+        return TrainBatch.from_trajectories(self.trajectories, advantages)
 
 
 def select_for_training(
-    groups: list[Group], config: TrainerConfig, distill: DistillConfig | None = None
+    groups: list[Group],
+    config: TrainerConfig,
+    distill: DistillConfig | None = None,
+    set_aside: int = 0,
 ) -> Selection:
     """Errored rollouts are excluded before advantages, so they do not shift
     a group's mean; a group whose rewards are all equal carries no signal and is skipped,
     unless a teacher scored it (`distill`): its tokens' distillation advantages still teach.
-    Truncated completions are handled as `config.truncated` says."""
+    Truncated completions are handled as `config.truncated` says. `set_aside`: how many
+    of the uniform groups `loop.uniform_redraws` drew others in place of (they do not
+    count in the step's share of groups that vary)."""
     selection = Selection()
     for group in groups:
         usable = [t for t in group.trajectories if trainable(t)]
@@ -96,6 +110,9 @@ def select_for_training(
                 selection.advantages.append(distill.token_advantages(trajectory, advantage))
             else:
                 selection.advantages.append(advantage)
+    if config.uniform_groups == "count" and len(groups) > set_aside:
+        varying = len(groups) - selection.zero_variance_groups
+        selection.scale = varying / (len(groups) - set_aside)
     return selection
 
 

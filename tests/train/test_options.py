@@ -167,6 +167,33 @@ def test_truncated_completions_follow_the_policy(policy, trained, advantages):
     assert selection.masked_truncated == (1 if policy == "mask" else 0)
 
 
+@pytest.mark.parametrize(
+    ("policy", "set_aside", "scale"),
+    [
+        ("skip", 0, 1.0),
+        # 1 of the 4 groups varies: a quarter of the push of a step where all do
+        ("count", 0, 0.25),
+        # 2 of the 4 are uniform groups set aside for others: 1 varies of the 2 that count
+        ("count", 2, 0.5),
+    ],
+)
+def test_uniform_groups_count_scales_a_step_by_its_share_of_groups_that_vary(
+    policy, set_aside, scale
+):
+    varied = _group((1.0, Status.OK), (0.0, Status.OK))
+    uniform = [_group((1.0, Status.OK), (1.0, Status.OK)) for _ in range(3)]
+    config = load_config(Config, None, [f'trainer.uniform_groups="{policy}"']).trainer
+    selection = select_for_training([varied, *uniform], config, set_aside=set_aside)
+    # rewards 1, 0 -> mean 0.5, sample std 0.707: advantages +-0.707, then scaled
+    assert selection.advantages == pytest.approx([0.7071, -0.7071], abs=1e-3)
+    assert selection.scale == scale
+    batch = selection.batch()
+    assert batch.advantages is not None
+    assert batch.advantages.flatten().tolist() == pytest.approx(
+        [0.7071 * scale, -0.7071 * scale], abs=1e-3
+    )
+
+
 def _run(tmp_path: Path, *extra: str) -> Path:
     result = subprocess.run(
         tiny_train(tmp_path, *extra), capture_output=True, text=True, timeout=300
