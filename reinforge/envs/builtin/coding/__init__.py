@@ -29,9 +29,9 @@ def load_environment(
     generated_kinds: list[str] | None = None,
     **kwargs: Any,
 ) -> Environment:
-    """`generated_kinds` narrows the generated tasks to the kinds a policy still fails
-    sometimes: a kind it always passes gives GRPO groups of equal rewards, which train
-    nothing."""
+    """`generated_kinds` narrows the generated tasks to some kinds: to measure a policy
+    on one kind, or to train on it. GRPO on the kinds the warm-up fails most forgot the
+    others (README, "What did not work"), so the agentic job draws them all."""
     if generated < 0:
         raise UsageError(f"generated {generated}: must be 0 or more")
     kinds = list(KINDS) if generated_kinds is None else generated_kinds
