@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -71,13 +71,10 @@ class Selection:
     that vary under `uniform_groups = "count"`, else 1."""
 
     def batch(self) -> TrainBatch:
-        advantages = [
-            [a * self.scale for a in advantage]
-            if isinstance(advantage, list)
-            else advantage * self.scale
-            for advantage in self.advantages
-        ]
-        return TrainBatch.from_trajectories(self.trajectories, advantages)
+        batch = TrainBatch.from_trajectories(self.trajectories, self.advantages)
+        if self.scale == 1.0 or batch.advantages is None:
+            return batch
+        return replace(batch, advantages=batch.advantages * self.scale)  # (B, 1) or (B, T)
 
 
 def select_for_training(
