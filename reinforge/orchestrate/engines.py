@@ -60,8 +60,8 @@ class PolicyEngine(Protocol):
         ...
 
     def train_step(self, trainer: PolicyTrainer, batch: TrainBatch) -> tuple[TrainStats, Synced]:
-        """One optimizer step, then the weight sync; returns the trainer's metrics and the
-        sync's. Runs in a worker thread while the rollout side goes on."""
+        """The batch's optimizer steps, then the weight sync; returns the trainer's metrics
+        and the sync's. Runs in a worker thread while the rollout side goes on."""
         ...
 
     async def aclose(self) -> None: ...

@@ -142,11 +142,11 @@ class _Correction(_Config, ABC):
     the engine's log-probs differ from the trainer's even for the same weights, and the
     weights themselves may be a few versions old in an asynchronous loop."""
 
-    def anchor(self, logp: Tensor, behaviour_logp: Tensor) -> Tensor:
-        """The PPO ratio's "old" policy: the trainer's proximal log-probs, i.e. this forward
-        detached, which the trainer's one optimizer step per batch has not yet changed
-        (decoupled PPO, Hilton et al. 2022). logp, behaviour_logp: (B, T). Returns (B, T)."""
-        return logp.detach()
+    def anchor(self, proximal_logp: Tensor, behaviour_logp: Tensor) -> Tensor:
+        """The PPO ratio's "old" policy: the trainer's proximal log-probs, those of the
+        weights before the batch's first update (decoupled PPO, Hilton et al. 2022).
+        proximal_logp, behaviour_logp: (B, T). Returns (B, T)."""
+        return proximal_logp
 
     @abstractmethod
     def weights(
@@ -163,7 +163,7 @@ class NoCorrection(_Correction):
 
     kind: Literal["none"] = "none"
 
-    def anchor(self, logp: Tensor, behaviour_logp: Tensor) -> Tensor:
+    def anchor(self, proximal_logp: Tensor, behaviour_logp: Tensor) -> Tensor:
         return behaviour_logp
 
     def weights(
@@ -233,14 +233,21 @@ class _Loss(_Config, ABC):
 
     @abstractmethod
     def batch_loss(
-        self, logp: Tensor, batch: TrainBatch, *, weights: Tensor, ref_logp: Tensor | None = None
+        self,
+        logp: Tensor,
+        batch: TrainBatch,
+        *,
+        weights: Tensor,
+        ref_logp: Tensor | None = None,
+        proximal_logp: Tensor | None = None,
     ) -> tuple[Tensor, PolicyMetrics | LikelihoodMetrics]:
         """The trainer's one call: the scalar loss of a micro-batch and metrics, each loss
         reading from `batch` only the fields it needs, so one trainer steps every loss.
 
         logp: (b, t), the trainer's log-probs of `batch.targets`, with gradient. weights:
         (b, t), this micro-batch's rows of `aggregation.weights(whole batch mask)`.
-        ref_logp: (b, t), the reference model's, when `needs_reference`.
+        ref_logp: (b, t), the reference model's, when `needs_reference`. proximal_logp:
+        (b, t) detached, the trainer's before the batch's first update; None: `logp`'s.
         """
 
 
@@ -277,7 +284,13 @@ class PPOClipLoss(_Loss):
         return self.kl_coef > 0.0
 
     def batch_loss(
-        self, logp: Tensor, batch: TrainBatch, *, weights: Tensor, ref_logp: Tensor | None = None
+        self,
+        logp: Tensor,
+        batch: TrainBatch,
+        *,
+        weights: Tensor,
+        ref_logp: Tensor | None = None,
+        proximal_logp: Tensor | None = None,
     ) -> tuple[Tensor, PolicyMetrics]:
         if batch.behaviour_logprobs is None or batch.advantages is None:
             raise ValueError(
@@ -291,6 +304,7 @@ class PPOClipLoss(_Loss):
             batch.target_mask,
             ref_logp=ref_logp,
             weights=weights,
+            proximal_logp=proximal_logp,
         )
 
     def compute(
@@ -301,15 +315,20 @@ class PPOClipLoss(_Loss):
         mask: Tensor,
         ref_logp: Tensor | None = None,
         weights: Tensor | None = None,
+        proximal_logp: Tensor | None = None,
     ) -> tuple[Tensor, PolicyMetrics]:
         """The scalar loss to backpropagate, and metrics.
 
         logp, behaviour_logp, mask: (B, T); advantages: (B, 1) or (B, T); ref_logp: (B, T),
         required when `needs_reference`. weights: (B, T), this micro-batch's rows of
         `aggregation.weights(whole batch mask)`; default: this batch is the whole batch.
+        proximal_logp: (B, T), the trainer's log-probs before the batch's first update, the
+        anchor of a "tis" or "mis" correction; default: `logp`'s, this forward being the
+        first (`trainer.updates_per_batch` 1).
         """
+        proximal = logp.detach() if proximal_logp is None else proximal_logp  # (B, T)
         importance, corrected = self.correction.weights(
-            logp.detach(), behaviour_logp, mask
+            proximal, behaviour_logp, mask
         )  # (B, T), (B, T)
         per_token, metrics = ppo_clip_loss(
             logp,
@@ -319,7 +338,7 @@ class PPOClipLoss(_Loss):
             eps_low=self.eps_low,
             eps_high=self.eps_high,
             max_ratio=self.max_ratio,
-            anchor_logp=self.correction.anchor(logp, behaviour_logp),
+            anchor_logp=self.correction.anchor(proximal, behaviour_logp),
             importance_weights=importance,
         )  # (B, T)
         metrics = replace(metrics, corrected_fraction=masked_mean(corrected.float(), mask))
@@ -347,7 +366,13 @@ class SFTLoss(_Loss):
     aggregation: AggregationConfig = Field(default_factory=TokenMean)
 
     def batch_loss(
-        self, logp: Tensor, batch: TrainBatch, *, weights: Tensor, ref_logp: Tensor | None = None
+        self,
+        logp: Tensor,
+        batch: TrainBatch,
+        *,
+        weights: Tensor,
+        ref_logp: Tensor | None = None,
+        proximal_logp: Tensor | None = None,
     ) -> tuple[Tensor, LikelihoodMetrics]:
         return self.compute(logp, batch.target_mask, weights=weights)
 

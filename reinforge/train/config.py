@@ -66,6 +66,15 @@ class TrainerConfig(Section):
     advantages are scaled by the share of the step's groups that vary, as if the uniform
     ones were in the batch with advantage 0 (GRPO's batch), so a step that found little
     signal moves little; groups set aside by `loop.uniform_redraws` do not count."""
+    updates_per_batch: int = Field(1, ge=1)
+    """Optimizer steps on each batch, every one over all of it (GRPO's iterations mu, PPO's
+    epochs): more learning from each rollout, at the cost of that many passes of forward
+    and backward. After the first, the PPO ratio measures how far the batch has moved the
+    policy and the clip stops the tokens it has moved far enough; the KL reference's
+    log-probs and a correction's proximal ones are those of the first pass. The schedule
+    advances once per batch, and the run's engines get the weights of the last update:
+    one policy version per batch (an engine sharing the trainer's weights waits from the
+    first update to the last)."""
     world_size: int = Field(1, ge=1)
     """Processes (ranks) training one model, each holding a shard of its weights, gradients
     and optimizer state (FSDP2) and running its share of each batch's micro-batches; gloo

@@ -284,10 +284,12 @@ def ppo_clip_loss(
       proximal log-probs and `importance_weights` v ~ pi_prox / pi_behaviour (from
       `truncated_importance_weights` or `masked_importance_weights`) separate the trust
       region, clipped around the proximal policy, from the off-policy correction, v. The
-      trainer takes one optimizer step per batch, so its proximal policy is this very
-      forward before the update: `anchor_logp = logp.detach()`. Then r = 1 in value with
-      logp's gradient, the clip and `max_ratio` never bind, and a token's loss is -v * A
-      with gradient -v * A per unit of logp.
+      proximal policy is the trainer's weights before the batch's first update. On that
+      first update it is this very forward, `anchor_logp = logp.detach()`: r = 1 in value
+      with logp's gradient, the clip and `max_ratio` never bind, and a token's loss is
+      -v * A with gradient -v * A per unit of logp. Later updates of the same batch
+      (`trainer.updates_per_batch`) keep the first forward's log-probs as the anchor, so
+      the clip bounds how far the batch moves the policy.
     - Asymmetric clipping, DAPO's clip-higher (Yu et al. 2025): eps_high > eps_low leaves
       room to raise the probability of unlikely tokens, against entropy collapse.
     - `max_ratio` caps the importance weight before the min. A token with r > max_ratio

@@ -91,9 +91,10 @@ class ShardedTrainer(Trainer):
         totals = super()._accumulate(batch, mine)
         rounds = -(-len(plan) // self.world_size)  # ceil
         for _ in range(rounds - len(mine)):
-            idle = batch.select(plan[-1][-1:])
+            rows = plan[-1][-1:]
+            idle = batch.select(rows)
             zeros = torch.zeros(idle.target_mask.shape, device=self.device)  # (1, t)
-            for name, value in self._backward(idle, zeros, share=0.0).items():
+            for name, value in self._backward(idle, rows, zeros, share=0.0).items():
                 totals[name] = totals.get(name, 0.0) + value
         names = sorted(totals)  # the same order on every rank
         summed = torch.tensor([totals[n] for n in names], dtype=torch.float64, device=self.device)

@@ -1,4 +1,4 @@
-"""The trainer: one optimizer step from scored trajectories.
+"""The trainer: a batch of scored trajectories in, one or more optimizer steps out.
 
 The algorithm (advantage, loss, aggregation) comes from the typed config; this class only
 batches, accumulates over micro-batches, clips and steps, the same for RL and for SFT (whose
@@ -40,9 +40,10 @@ from reinforge.types import Group, Record, Status, Trajectory
 
 
 class TrainStats(Record):
-    """One optimizer step: the trainer's numbers, and beside them the loss's own (named by
-    the loss: `PolicyMetrics.scalars`, `LikelihoodMetrics.scalars`), since the loss is
-    configurable. Each is averaged over the step's trained tokens."""
+    """One batch's optimizer steps: the trainer's numbers, and beside them the loss's own
+    (named by the loss: `PolicyMetrics.scalars`, `LikelihoodMetrics.scalars`), since the
+    loss is configurable. Each is averaged over the step's trained tokens, then over its
+    `updates_per_batch` passes."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -149,7 +150,8 @@ class PolicyTrainer(Protocol):
 
 
 class Trainer:
-    """AdamW over the trainable parameters, micro-batched forward/backward, one step per call.
+    """AdamW over the trainable parameters, micro-batched forward/backward,
+    `config.updates_per_batch` steps per call.
 
     `reference` is the frozen model of the KL term, needed when the loss has `kl_coef > 0`;
     a LoRA model needs none (its base, adapters off, is the reference). The trainer
@@ -185,31 +187,50 @@ class Trainer:
             self.optimizer, _schedule(optim, total_steps)
         )
         self.grad_clip = optim.grad_clip
+        self._fixed: dict[tuple[int, ...], tuple[Tensor | None, Tensor]] = {}
+        """Per micro-batch (its rows) during a step: the reference's and the proximal
+        log-probs of the batch's first pass."""
 
     def step(
         self, batch: TrainBatch, update: AbstractContextManager[object] | None = None
     ) -> TrainStats:
-        """One optimizer step over the whole batch, accumulated over micro-batches.
+        """`config.updates_per_batch` optimizer steps over the whole batch, each accumulated
+        over micro-batches; the schedule advances once.
 
-        The parameters change only inside `update` (if given): an engine decoding with this model
-        passes its weight update, which waits for a step boundary and bumps the version."""
+        The parameters change only inside `update` (if given): an engine decoding with this
+        model passes its weight update, which waits for a step boundary and bumps the
+        version. It is held from the first optimizer step to the last, so that no token is
+        sampled from a policy between two of the batch's updates, which no version names."""
         batch = batch.to(self.device)
         self.model.train()
         plan = micro_batches(batch.lengths, self.config.micro_batch_tokens)
-        totals = self._accumulate(batch, plan)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        self._fixed = {}
+        passes = [self._gradients(batch, plan)]
         with update or nullcontext():
-            self.optimizer.step()
+            self._optimizer_step()
+            for _ in range(self.config.updates_per_batch - 1):
+                passes.append(self._gradients(batch, plan))
+                self._optimizer_step()
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self._fixed = {}
         self.model.eval()
         release_freed_memory()  # the step's activations, freed but kept by the allocator
         return TrainStats(
-            **totals,
-            grad_norm=float(grad_norm),
+            **{name: sum(p[name] for p in passes) / len(passes) for name in passes[0]},
             lr=self.scheduler.get_last_lr()[0],
             trained_tokens=float(batch.target_mask.sum()),
         )
+
+    def _gradients(self, batch: TrainBatch, plan: list[list[int]]) -> dict[str, float]:
+        """One pass of forward and backward over the batch, its gradients clipped; its loss,
+        metrics and grad norm (before clipping)."""
+        totals = self._accumulate(batch, plan)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        return {**totals, "grad_norm": float(grad_norm)}
+
+    def _optimizer_step(self) -> None:
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def _accumulate(self, batch: TrainBatch, plan: list[list[int]]) -> dict[str, float]:
         """Forward and backward of the micro-batches `plan` lists (rows of `batch`), their
@@ -225,18 +246,30 @@ class Trainer:
         for rows in plan:
             part = batch.select(rows)
             share = float(part.target_mask.sum()) / max(tokens, 1.0)
-            done = self._backward(part, weights[rows][:, : part.width], share)
+            done = self._backward(part, rows, weights[rows][:, : part.width], share)
             for name, value in done.items():
                 totals[name] = totals.get(name, 0.0) + value
         return totals
 
-    def _backward(self, part: TrainBatch, weights: Tensor, share: float) -> dict[str, float]:
-        """One micro-batch's forward and backward; returns its loss and its metrics times
-        `share`. weights: (b, t), its rows of the whole batch's aggregation weights."""
-        ref_logp = self._reference_logprobs(part)  # (b, t) or None
+    def _backward(
+        self, part: TrainBatch, rows: list[int], weights: Tensor, share: float
+    ) -> dict[str, float]:
+        """Forward and backward of one micro-batch, the batch's `rows`; returns its loss and
+        its metrics times `share`. weights: (b, t), its rows of the whole batch's
+        aggregation weights.
+
+        The first pass over the batch keeps what stays fixed over its updates: the
+        reference's log-probs (for the KL) and its own, detached, as the proximal policy of
+        an off-policy correction."""
+        fixed = self._fixed.get(tuple(rows))
+        ref_logp = self._reference_logprobs(part) if fixed is None else fixed[0]  # (b, t)
         with self._autocast():
             logp, entropy = self._logprobs(part, with_entropy=True)  # (b, t), (b, t)
-        loss, metrics = self.loss.batch_loss(logp, part, weights=weights, ref_logp=ref_logp)
+        proximal = logp.detach() if fixed is None else fixed[1]  # (b, t)
+        self._fixed[tuple(rows)] = (ref_logp, proximal)
+        loss, metrics = self.loss.batch_loss(
+            logp, part, weights=weights, ref_logp=ref_logp, proximal_logp=proximal
+        )
         loss.backward()
         assert entropy is not None
         return {

@@ -130,6 +130,33 @@ def test_tis_gradient_is_the_capped_weight_times_the_advantage():
     )
 
 
+def test_a_later_update_is_clipped_around_the_first_passs_proximal_policy():
+    # The batch's second update: the proximal log-probs are those of its first pass, not
+    # this forward's. Behaviour and proximal agree (v = 1); the policy has since moved to
+    # r = pi / pi_prox = [1.5, 0.9, 0.5], A = [1, 1, -1]. Clip [0.8, 1.28]:
+    #   token 1: A > 0, r 1.5 > 1.28 -> clipped, constant -1.28, no gradient
+    #   token 2: inside, loss -0.9, gradient -r A / 3 = -0.3
+    #   token 3: A < 0, r 0.5 < 0.8 -> clipped, constant 0.8, no gradient
+    # token mean: (-1.28 - 0.9 + 0.8) / 3 = -0.46
+    logp = _logp([[1.5, 0.9, 0.5]]).requires_grad_()  # (1, 3)
+    zeros = torch.zeros(1, 3)
+    mask = torch.ones(1, 3)
+    loss, metrics = PPOClipLoss(correction=TruncatedIS(cap=2.0)).compute(
+        logp, zeros, torch.tensor([[1.0, 1.0, -1.0]]), mask, proximal_logp=zeros
+    )
+    assert loss.item() == pytest.approx(-0.46)
+    loss.backward()
+    assert logp.grad is not None
+    assert logp.grad[0].tolist() == pytest.approx([0.0, -0.3, 0.0])
+    assert metrics.clip_high_fraction.item() == pytest.approx(1 / 3)
+    assert metrics.clip_low_fraction.item() == pytest.approx(1 / 3)
+    # Without the proximal log-probs this forward is the anchor: r = 1, nothing clipped.
+    _, first = PPOClipLoss(correction=TruncatedIS(cap=2.0)).compute(
+        logp, zeros, torch.tensor([[1.0, 1.0, -1.0]]), mask
+    )
+    assert first.clip_fraction.item() == 0.0
+
+
 def test_mis_leaves_dropped_tokens_out_of_the_loss_but_not_the_normaliser():
     # r = [0.25, 1.6], A = [1, 1], [low, high] = [0.5, 2]: the first token is dropped
     # (weight 0, no gradient), the second weighs 1.6. Token mean still divides by the 2

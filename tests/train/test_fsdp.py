@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from reinforge.policy.models import load_model
-from reinforge.train.algorithm import AlgorithmConfig, PPOClipLoss, SequenceMean
+from reinforge.train.algorithm import AlgorithmConfig, PPOClipLoss, SequenceMean, TruncatedIS
 from reinforge.train.batching import TrainBatch, micro_batches
 from reinforge.train.config import OptimConfig, TrainerConfig
 from reinforge.train.ranks import RankFailed, run_on_ranks
@@ -38,6 +38,13 @@ CASES = {
     "sequence_mean": TrainerConfig(
         micro_batch_tokens=16,
         algorithm=AlgorithmConfig(loss=PPOClipLoss(aggregation=SequenceMean())),
+    ),
+    # the first pass's reference and proximal log-probs, kept per micro-batch on each rank
+    # (the idle pass's too), anchor the second update
+    "two_updates_tis_kl": TrainerConfig(
+        micro_batch_tokens=16,
+        updates_per_batch=2,
+        algorithm=AlgorithmConfig(loss=PPOClipLoss(kl_coef=0.1, correction=TruncatedIS())),
     ),
 }
 

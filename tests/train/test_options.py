@@ -126,6 +126,41 @@ def test_kl_without_a_reference_is_refused():
         _trainer("trainer.algorithm.loss.kl_coef=0.1")
 
 
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_updates_per_batch_behaviour_anchored_are_steps_on_the_same_batch(batch):
+    """Against the behaviour policy, two updates of one batch are two steps on it; the
+    KL reference's log-probs, kept from the first pass, are what the second would compute."""
+    kl = "trainer.algorithm.loss.kl_coef=0.1"
+    reference = load_model("tiny-random")[0].requires_grad_(False)
+    twice, trainer = _trainer(kl, "trainer.updates_per_batch=2", reference=reference)
+    stats = trainer.step(batch)
+    once, single = _trainer(kl, reference=reference)
+    first, second = single.step(batch), single.step(batch)
+    for name, weight in _weights(once).items():
+        torch.testing.assert_close(_weights(twice)[name], weight, atol=1e-6, rtol=1e-5)
+    # the stats are the two passes' mean; the schedule advanced once
+    assert stats.loss == pytest.approx((first.loss + second.loss) / 2, rel=1e-4)
+    assert stats.kl == pytest.approx((first.kl + second.kl) / 2, rel=1e-3) and stats.kl > 0
+    assert trainer.scheduler.last_epoch == 1 and single.scheduler.last_epoch == 2
+
+
+def test_later_updates_of_a_batch_keep_the_first_pass_as_the_proximal_policy(batch):
+    """Under a correction the anchor is the proximal policy: the first pass's log-probs on
+    every update of the batch. Two separate steps re-anchor on their own forward, so the
+    second one's ratio is 1 and nothing clips; the second update of one batch is clipped
+    around where the batch started."""
+    tis = 'trainer.algorithm.loss.correction.kind="tis"'
+    _, trainer = _trainer(tis, "trainer.updates_per_batch=2", "optim.lr=1e-2")
+    stats = trainer.step(batch)
+    _, single = _trainer(tis, "optim.lr=1e-2")
+    single.step(batch)
+    assert single.step(batch).clip_fraction == 0.0
+    assert stats.clip_fraction > 0.0  # the mean of 0 (first pass) and the second's
+
+
 def _group(*rollouts: tuple[float, Status]) -> Group:
     return Group(
         task=Task(id="t", prompt=[]),
@@ -222,8 +257,10 @@ def test_a_lora_run_with_a_bf16_sampler_checkpoints_a_merged_model_and_resumes(t
         torch.testing.assert_close(resumed(ids).logits, merged(ids).logits, atol=1e-4, rtol=1e-4)
 
 
-def test_the_fp32_sampler_shares_the_trainers_weights(tmp_path):
-    run = _run(tmp_path)
+@pytest.mark.parametrize("updates", [1, 2])
+def test_the_fp32_sampler_shares_the_trainers_weights(tmp_path, updates):
+    """Whatever the updates per batch, one policy version per step."""
+    run = _run(tmp_path, f"trainer.updates_per_batch={updates}")
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     # the second step's rollouts came from the weights the first step trained
     steps = [
