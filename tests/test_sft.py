@@ -221,6 +221,21 @@ def test_min_reward_and_status_filter_the_data(tmp_path):
     assert len(load_data(everything, tokenizer).examples) == 4
 
 
+def test_the_examples_do_not_depend_on_the_order_rollouts_were_written_in(tmp_path):
+    """An eval writes rollouts as they finish: the same data in another order must give
+    the same examples, so the same seed gives the same warm-up."""
+    path = _write(tmp_path / "t.jsonl", [(1.0, "ok"), (0.9, "ok"), (0.8, "ok")])
+    lines = path.read_text().splitlines(keepends=True)
+    shuffled = tmp_path / "s.jsonl"
+    shuffled.write_text("".join([lines[2], lines[0], lines[1]]))
+    tokenizer = load_tokenizer("tiny-random")
+    names = [
+        [e.name.split(" ")[1] for e in load_data(SFTConfig(data=[f]), tokenizer).examples]
+        for f in (path, shuffled)
+    ]
+    assert names == [["t#0", "t#1", "t#2"]] * 2
+
+
 def test_nothing_kept_is_one_line_and_exit_2(tmp_path, capsys):
     path = _write(tmp_path / "t.jsonl", [(0.0, "ok"), (1.0, "error")])
     assert main(["sft", f"sft.data={path}", "sft.min_reward=1.0"]) == 2

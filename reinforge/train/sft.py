@@ -57,8 +57,10 @@ class SFTData:
 
 
 def load_data(config: SFTConfig, tokenizer: PreTrainedTokenizerBase) -> SFTData:
-    """The examples of the trajectories that pass the filters. Raises UsageError when a file
-    is missing or malformed, a trajectory cannot be rendered, or nothing is kept."""
+    """The examples of the trajectories that pass the filters, in the order of their task,
+    group and index: an eval writes its rollouts as they finish, and the seeded shuffle of
+    the same data in another order would give another warm-up. Raises UsageError when a
+    file is missing or malformed, a trajectory cannot be rendered, or nothing is kept."""
     if not config.data:
         raise UsageError("sft.data is empty: name trajectory files or folders")
     files = [file for path in config.data for file in trajectory_files(path)]
@@ -67,6 +69,7 @@ def load_data(config: SFTConfig, tokenizer: PreTrainedTokenizerBase) -> SFTData:
         for file in files
         for where, t in iter_trajectories(file)
     ]
+    records.sort(key=lambda record: (record[1].task_id, record[1].group_id, record[1].index))
     kept = [(name, t) for name, t in records if _passes(t, config)]
     if not kept:
         where = ", ".join(str(p) for p in config.data)
