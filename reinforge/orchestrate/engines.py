@@ -100,7 +100,7 @@ class LocalEngine:
         synced_s, moved = self.engine.stats.sync_s, 0
         with self.engine.paused() if self.pause_while_training else nullcontext():
             if self.shared:
-                trained = trainer.step(batch, update=self._shared.weight_update())
+                trained = trainer.step(batch, engine=self._shared)
             else:
                 trained = trainer.step(batch)
                 with full_weights(trainer.model) as weights:

@@ -73,8 +73,8 @@ class TrainerConfig(Section):
     policy and the clip stops the tokens it has moved far enough; the KL reference's
     log-probs and a correction's proximal ones are those of the first pass. The schedule
     advances once per batch, and the run's engines get the weights of the last update:
-    one policy version per batch (an engine sharing the trainer's weights waits from the
-    first update to the last)."""
+    one policy version per batch. An engine sharing the trainer's weights stops decoding
+    from the first update to the last; the time split counts that as training."""
     world_size: int = Field(1, ge=1)
     """Processes (ranks) training one model, each holding a shard of its weights, gradients
     and optimizer state (FSDP2) and running its share of each batch's micro-batches; gloo

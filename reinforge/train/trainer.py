@@ -134,6 +134,18 @@ def _training_reward(trajectory: Trajectory, config: TrainerConfig) -> float:
     return trajectory.reward
 
 
+class SharedEngine(Protocol):
+    """An engine that samples with the trainer's own model (`policy.engine.Engine`)."""
+
+    def paused(self) -> AbstractContextManager[None]:
+        """Hold decoding; the version does not change."""
+        ...
+
+    def weight_update(self) -> AbstractContextManager[int]:
+        """The weights may change in the body; the version moves on at its end."""
+        ...
+
+
 class PolicyTrainer(Protocol):
     """What the loop and the run's checkpoints need of a trainer: the `Trainer` in the
     run's process, or `TrainerRanks` driving a sharded one in other processes."""
@@ -191,25 +203,25 @@ class Trainer:
         """Per micro-batch (its rows) during a step: the reference's and the proximal
         log-probs of the batch's first pass."""
 
-    def step(
-        self, batch: TrainBatch, update: AbstractContextManager[object] | None = None
-    ) -> TrainStats:
+    def step(self, batch: TrainBatch, engine: SharedEngine | None = None) -> TrainStats:
         """`config.updates_per_batch` optimizer steps over the whole batch, each accumulated
         over micro-batches; the schedule advances once.
 
-        The parameters change only inside `update` (if given): an engine decoding with this
-        model passes its weight update, which waits for a step boundary and bumps the
-        version. It is held from the first optimizer step to the last, so that no token is
-        sampled from a policy between two of the batch's updates, which no version names."""
+        `engine`: one decoding with this very model. The last optimizer step runs inside its
+        weight update, which waits for a step boundary and bumps the version. Decoding is
+        held from the first update to the last, so that no token comes from weights between
+        two of the batch's updates, which no version names."""
         batch = batch.to(self.device)
         self.model.train()
         plan = micro_batches(batch.lengths, self.config.micro_batch_tokens)
         self._fixed = {}
+        later = self.config.updates_per_batch - 1
         passes = [self._gradients(batch, plan)]
-        with update or nullcontext():
-            self._optimizer_step()
-            for _ in range(self.config.updates_per_batch - 1):
+        with engine.paused() if engine is not None and later else nullcontext():
+            for _ in range(later):
+                self._optimizer_step()
                 passes.append(self._gradients(batch, plan))
+            with engine.weight_update() if engine is not None else nullcontext():
                 self._optimizer_step()
         self.scheduler.step()
         self._fixed = {}

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -159,6 +161,49 @@ def test_later_updates_of_a_batch_keep_the_first_pass_as_the_proximal_policy(bat
     single.step(batch)
     assert single.step(batch).clip_fraction == 0.0
     assert stats.clip_fraction > 0.0  # the mean of 0 (first pass) and the second's
+
+
+class _Watching:
+    """A shared engine that notes what the weights were as each of its holds begins."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.seen: list[tuple[str, dict[str, torch.Tensor]]] = []
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        self.seen.append(("paused", _weights(self.model)))
+        yield
+        self.seen.append(("resumed", _weights(self.model)))
+
+    @contextmanager
+    def weight_update(self) -> Iterator[int]:
+        self.seen.append(("update", _weights(self.model)))
+        yield 1
+        self.seen.append(("updated", _weights(self.model)))
+
+
+@pytest.mark.parametrize("updates", [1, 3])
+def test_a_shared_engine_decodes_no_weights_between_a_batchs_updates(batch, updates):
+    """Held from before the first update to after the last, which alone bumps the
+    version; with one update only the weight update holds it, as before."""
+    model, trainer = _trainer(f"trainer.updates_per_batch={updates}")
+    start = _weights(model)
+    engine = _Watching(model)
+    trainer.step(batch, engine=engine)
+    events = [event for event, _ in engine.seen]
+    if updates == 1:
+        assert events == ["update", "updated"]
+    else:
+        assert events == ["paused", "update", "updated", "resumed"]
+        assert _same(engine.seen[0][1], start)  # held before the first update
+    # with several, the earlier updates are made before the last one's weight update
+    assert _same(engine.seen[events.index("update")][1], start) == (updates == 1)
+    assert not _same(engine.seen[events.index("updated")][1], start)
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(a[name], b[name]) for name in a)
 
 
 def _group(*rollouts: tuple[float, Status]) -> Group:
