@@ -75,6 +75,7 @@ def test_sft_on_eval_output_lowers_the_nll_and_writes_a_loadable_checkpoint(tmp_
     config = SFTConfig(data=[eval_dir], statuses=[Status.OK, Status.TRUNCATED])
     examples = load_data(config, load_tokenizer("tiny-random")).examples
     records = read_trajectories(eval_dir / "trajectories.jsonl")
+    records.sort(key=lambda t: (t.task_id, t.group_id, t.index))  # the examples' order
     assert [(e.token_ids, e.loss_mask) for e in examples] == [
         (t.token_ids, t.loss_mask) for t in records
     ]
