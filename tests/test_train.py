@@ -16,9 +16,10 @@ from reinforge.envs.registry import load_environment
 from reinforge.errors import UsageError
 from reinforge.policy.client import PolicyClient
 from reinforge.policy.config import SamplingConfig
-from reinforge.policy.models import load_model
+from reinforge.policy.models import load_model, load_tokenizer
 from reinforge.rollout.config import RolloutConfig
 from reinforge.rollout.generator import generate_groups
+from reinforge.train.checkpoints import latest_checkpoint, write_checkpoint
 from reinforge.train.config import TrainerConfig
 from reinforge.train.trainer import Trainer, select_for_training
 from reinforge.types import Group, Status, Task, Trajectory
@@ -62,6 +63,25 @@ async def test_one_step_changes_every_trainable_parameter(tiny_engine):
     assert metrics.trained_tokens == 8 * 8
     unchanged = [n for n, p in model.named_parameters() if torch.equal(p, before[n])]
     assert unchanged == []
+
+
+def test_keep_checkpoints_deletes_older_ones_only_once_a_newer_one_is_complete(tmp_path):
+    tokenizer = load_tokenizer("tiny-random")
+
+    def save(folder: Path) -> None:
+        (folder / "model.safetensors").write_bytes(b"weights")
+
+    def full_disk(folder: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    for step in (2, 4, 6):
+        write_checkpoint(tmp_path, step, save, tokenizer, {"step": step}, keep=2)
+    kept = ["step_00004", "step_00006"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == kept
+    with pytest.raises(OSError, match="No space"):
+        write_checkpoint(tmp_path, 8, full_disk, tokenizer, {"step": 8}, keep=1)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == kept
+    assert latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step_00006"
 
 
 def test_zero_variance_groups_are_counted_and_errored_rollouts_left_out():

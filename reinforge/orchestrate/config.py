@@ -22,6 +22,10 @@ class RunConfig(Section):
     """Seeds task order and sampling."""
     checkpoint_every: int = Field(10, ge=1)
     """Steps between checkpoints; the last step always writes one."""
+    keep_checkpoints: int | None = Field(None, ge=1)
+    """How many of the newest checkpoints a run keeps; older ones are deleted once a newer
+    one is complete. None keeps every one. A checkpoint holds the model and the optimizer's
+    state: about 1.6 GB for SmolLM2-135M."""
     trackers: list[Literal["wandb", "mlflow", "trackio"]] = Field(default_factory=list)
     """Experiment trackers that also get each step's metrics and the config (W&B, MLflow,
     trackio; `pip install 'reinforge[trackers]'`); metrics.jsonl is written either way and

@@ -63,7 +63,14 @@ class RunRecorder:
         self._trackers.log(step, metrics)
         if step % self.config.run.checkpoint_every == 0 or step == self.config.run.steps:
             state = {"step": step, **state, **trainer.state_dict()}
-            write_checkpoint(self.directory, step, trainer.save_model, self.tokenizer, state)
+            write_checkpoint(
+                self.directory,
+                step,
+                trainer.save_model,
+                self.tokenizer,
+                state,
+                keep=self.config.run.keep_checkpoints,
+            )
 
     def close(self) -> None:
         self._metrics.close()

@@ -28,11 +28,13 @@ def write_checkpoint(
     save_model: Callable[[Path], None],
     tokenizer: PreTrainedTokenizerBase,
     state: dict[str, Any],
+    keep: int | None = None,
 ) -> Path:
     """`run_dir/checkpoints/step_NNNNN/`: the model in Hugging Face format, as `save_model`
     writes it into a folder (a trainer's `save_model`), and `state` (what resuming needs)
     as trainer_state.pt. Written aside and renamed, so a kill mid-save never leaves a half
-    checkpoint."""
+    checkpoint. Then, with `keep`, all but the newest `keep` checkpoints are deleted: only
+    once the new one is complete, so a run always has one to resume from."""
     final = run_dir / "checkpoints" / f"step_{steps_done:05d}"
     staging = final.with_name(f".{final.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
@@ -42,6 +44,9 @@ def write_checkpoint(
     torch.save(state, staging / TRAINER_STATE)
     shutil.rmtree(final, ignore_errors=True)
     staging.rename(final)
+    if keep is not None:
+        for old in sorted(final.parent.glob("step_*"))[:-keep]:
+            shutil.rmtree(old)
     return final
 
 
