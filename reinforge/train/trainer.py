@@ -12,7 +12,7 @@ import math
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import torch
 from pydantic import ConfigDict
@@ -134,6 +134,15 @@ def _training_reward(trajectory: Trajectory, config: TrainerConfig) -> float:
     return trajectory.reward
 
 
+class _FirstPass(NamedTuple):
+    """What a micro-batch's first pass leaves for the batch's later updates."""
+
+    ref_logp: Tensor | None
+    """(b, t): the KL reference's log-probs; None without a KL term."""
+    proximal_logp: Tensor
+    """(b, t), detached: the trainer's own, the anchor of an off-policy correction."""
+
+
 class SharedEngine(Protocol):
     """An engine that samples with the trainer's own model (`policy.engine.Engine`)."""
 
@@ -199,9 +208,8 @@ class Trainer:
             self.optimizer, _schedule(optim, total_steps)
         )
         self.grad_clip = optim.grad_clip
-        self._fixed: dict[tuple[int, ...], tuple[Tensor | None, Tensor]] = {}
-        """Per micro-batch (its rows) during a step: the reference's and the proximal
-        log-probs of the batch's first pass."""
+        self._first_pass: dict[tuple[int, ...], _FirstPass] = {}
+        """Per micro-batch (its rows), during a step: what its first pass computed."""
 
     def step(self, batch: TrainBatch, engine: SharedEngine | None = None) -> TrainStats:
         """`config.updates_per_batch` optimizer steps over the whole batch, each accumulated
@@ -214,7 +222,7 @@ class Trainer:
         batch = batch.to(self.device)
         self.model.train()
         plan = micro_batches(batch.lengths, self.config.micro_batch_tokens)
-        self._fixed = {}
+        self._first_pass = {}
         later = self.config.updates_per_batch - 1
         passes = [self._gradients(batch, plan)]
         with engine.paused() if engine is not None and later else nullcontext():
@@ -224,7 +232,7 @@ class Trainer:
             with engine.weight_update() if engine is not None else nullcontext():
                 self._optimizer_step()
         self.scheduler.step()
-        self._fixed = {}
+        self._first_pass = {}  # a batch's log-probs, not kept past its step
         self.model.eval()
         release_freed_memory()  # the step's activations, freed but kept by the allocator
         return TrainStats(
@@ -273,14 +281,15 @@ class Trainer:
         The first pass over the batch keeps what stays fixed over its updates: the
         reference's log-probs (for the KL) and its own, detached, as the proximal policy of
         an off-policy correction."""
-        fixed = self._fixed.get(tuple(rows))
-        ref_logp = self._reference_logprobs(part) if fixed is None else fixed[0]  # (b, t)
+        key = tuple(rows)
+        first = self._first_pass.get(key)
+        ref_logp = self._reference_logprobs(part) if first is None else first.ref_logp
         with self._autocast():
             logp, entropy = self._logprobs(part, with_entropy=True)  # (b, t), (b, t)
-        proximal = logp.detach() if fixed is None else fixed[1]  # (b, t)
-        self._fixed[tuple(rows)] = (ref_logp, proximal)
+        if first is None:
+            first = self._first_pass[key] = _FirstPass(ref_logp, logp.detach())
         loss, metrics = self.loss.batch_loss(
-            logp, part, weights=weights, ref_logp=ref_logp, proximal_logp=proximal
+            logp, part, weights=weights, ref_logp=ref_logp, proximal_logp=first.proximal_logp
         )
         loss.backward()
         assert entropy is not None
