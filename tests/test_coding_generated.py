@@ -62,6 +62,14 @@ def test_generated_tasks_join_train_and_never_the_held_out_split():
         load_environment(generated=-1)
 
 
+def test_generated_only_leaves_the_written_tasks_out():
+    only = load_environment(split="train", tiers=["easy"], generated=5, generated_only=True)
+    mixed = load_environment(split="train", tiers=["easy"], generated=5)
+    assert sorted(only.runnable) == generated(mixed)
+    with pytest.raises(UsageError, match="generated_only leaves only the generated tasks"):
+        load_environment(generated_only=True)
+
+
 def test_generated_kinds_narrows_the_generated_tasks_to_those_named():
     train = load_environment(split="train", generated=6, generated_kinds=["edit", "make-dir"])
     kinds = [name.rsplit("-", 1)[0] for name in generated(train)]

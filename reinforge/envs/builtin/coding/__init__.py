@@ -4,7 +4,8 @@ Each task directory under `tasks/` has an instruction, a Dockerfile that the loc
 backend replays (FROM, WORKDIR, COPY), hidden tests run after the agent phase and a
 reference solution (`--agent oracle`). The tiers are in each task.toml's
 `[metadata] difficulty`. `generated` adds that many generated easy tasks
-(`generated.py`) to the train split, of the `generated_kinds` named (all by default).
+(`generated.py`) to the train split, of the `generated_kinds` named (all by default);
+`generated_only` leaves the written tasks out.
 """
 
 from __future__ import annotations
@@ -27,11 +28,16 @@ def load_environment(
     generated: int = 0,
     generated_seed: int = 0,
     generated_kinds: list[str] | None = None,
+    generated_only: bool = False,
     **kwargs: Any,
 ) -> Environment:
     """`generated_kinds` narrows the generated tasks to some kinds: to measure a policy
     on one kind, or to train on it. GRPO on the kinds the warm-up fails most forgot the
-    others (README, "What did not work"), so the agentic job draws them all."""
+    others (docs/coding-job.md, "What did not work"), so the agentic job draws them all.
+
+    `generated_only` measures a policy on its training distribution: generated tasks
+    drawn with a `generated_seed` that training did not use are unseen tasks of the
+    kinds it trained on, where the written test split measures how far that carries."""
     if generated < 0:
         raise UsageError(f"generated {generated}: must be 0 or more")
     kinds = list(KINDS) if generated_kinds is None else generated_kinds
@@ -42,9 +48,13 @@ def load_environment(
         raise UsageError(
             "generated tasks only join the train split; the test split is the written tasks"
         )
-    train_only: list[Path] = []
-    if generated:
-        root = Path(tempfile.mkdtemp(prefix="reinforge-coding-"))
-        atexit.register(shutil.rmtree, root, ignore_errors=True)
-        train_only = generate(generated, generated_seed, root, kinds)
-    return load_harbor(TASKS, name="coding", train_only=train_only, **kwargs)
+    if not generated:
+        if generated_only:
+            raise UsageError("generated_only leaves only the generated tasks: set generated > 0")
+        return load_harbor(TASKS, name="coding", **kwargs)
+    root = Path(tempfile.mkdtemp(prefix="reinforge-coding-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    paths = generate(generated, generated_seed, root, kinds)
+    if generated_only:  # every generated task is a train task: no split to apply
+        return load_harbor(root, name="coding", **{**kwargs, "split": "all"})
+    return load_harbor(TASKS, name="coding", train_only=paths, **kwargs)
