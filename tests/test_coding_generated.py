@@ -68,6 +68,8 @@ def test_generated_only_leaves_the_written_tasks_out():
     assert sorted(only.runnable) == generated(mixed)
     with pytest.raises(UsageError, match="generated_only leaves only the generated tasks"):
         load_environment(generated_only=True)
+    with pytest.raises(UsageError, match="split 'held-out': one of all, train, test"):
+        load_environment(split="held-out", generated=2, generated_only=True)
 
 
 def test_generated_kinds_narrows_the_generated_tasks_to_those_named():

@@ -56,5 +56,7 @@ def load_environment(
     atexit.register(shutil.rmtree, root, ignore_errors=True)
     paths = generate(generated, generated_seed, root, kinds)
     if generated_only:  # every generated task is a train task: no split to apply
-        return load_harbor(root, name="coding", **{**kwargs, "split": "all"})
+        split = kwargs.pop("split", "all")  # one not train or all is refused there
+        split = "all" if split == "train" else split
+        return load_harbor(root, name="coding", split=split, **kwargs)
     return load_harbor(TASKS, name="coding", train_only=paths, **kwargs)
