@@ -55,8 +55,8 @@ def load_environment(
     root = Path(tempfile.mkdtemp(prefix="reinforge-coding-"))
     atexit.register(shutil.rmtree, root, ignore_errors=True)
     paths = generate(generated, generated_seed, root, kinds)
-    if generated_only:  # every generated task is a train task: no split to apply
-        split = kwargs.pop("split", "all")  # one not train or all is refused there
-        split = "all" if split == "train" else split
-        return load_harbor(root, name="coding", split=split, **kwargs)
+    if generated_only:  # every generated task is a train task: train keeps them all
+        if kwargs.get("split") == "train":
+            kwargs["split"] = "all"
+        return load_harbor(root, name="coding", **kwargs)
     return load_harbor(TASKS, name="coding", train_only=paths, **kwargs)
