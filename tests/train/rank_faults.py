@@ -4,7 +4,9 @@ spawns import the module of their work, and this one loads torch alone, not the 
 from __future__ import annotations
 
 import os
+import threading
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -18,3 +20,32 @@ def leave(how: str) -> None:
             os._exit(1)
         time.sleep(600)
     dist.all_reduce(torch.zeros(1))
+
+
+def answer_then_die() -> torch.Tensor | tuple[object, torch.Tensor]:
+    """Rank 1 sends its answer and exits before the driver has read the tensor in it: a
+    tensor travels as a file descriptor the driver fetches from the rank that sent it."""
+    if dist.get_rank() == 1:
+        return _ExitOnceSent(), torch.zeros(4)
+    return torch.zeros(4)
+
+
+class _ExitOnceSent:
+    """Pickled in the rank, it makes the rank exit just after; unpickled in the driver
+    ahead of the tensor, it waits for that exit."""
+
+    def __reduce__(self) -> tuple[object, tuple[int]]:
+        threading.Timer(0.1, os._exit, (1,)).start()
+        return _wait_for_exit, (os.getpid(),)
+
+
+def _wait_for_exit(pid: int) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state in ("Z", "X"):  # exited; the driver, its parent, has not reaped it yet
+            return
+        time.sleep(0.05)

@@ -22,7 +22,7 @@ from reinforge.train.sharded import ShardedTrainer
 from reinforge.train.trainer import Trainer
 from reinforge.types import Trajectory
 
-from .rank_faults import leave
+from .rank_faults import answer_then_die, leave
 
 VOCAB = 49152
 UNIFORM = -math.log(VOCAB)
@@ -140,6 +140,12 @@ def test_a_dead_rank_ends_the_run_with_an_error():
     # whichever comes first: rank 1 seen gone, or rank 0's collective failing for it
     with pytest.raises(RankFailed, match=r"trainer rank 1 died \(exit code 1\)|trainer rank 0"):
         run_on_ranks(config, leave, "dies")
+
+
+def test_a_rank_that_dies_as_its_answer_is_read_ends_the_run_with_an_error():
+    config = TrainerConfig(world_size=2, collective_timeout_s=2)
+    with pytest.raises(RankFailed, match=r"trainer rank 1 died \(exit code 1\)"):
+        run_on_ranks(config, answer_then_die)
 
 
 def _resume_on_rank(
