@@ -184,8 +184,8 @@ def _serve(
         while True:
             try:
                 request = pipe.recv()
-            except EOFError:
-                return  # the driver died
+            except (EOFError, OSError):
+                return  # the driver died, perhaps while sending
             if request is None:
                 return
             method, call_args = request
