@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tomllib
 
 import pytest
 
@@ -18,7 +19,7 @@ from reinforge.sandbox.reaper import default_state_dir
 from reinforge.train.config import SFTConfig
 from reinforge.train.sft import load_data
 
-from .commands import reinforge
+from .commands import ROOT, reinforge
 from .envs.scripted import ScriptedClient
 from .test_sandbox_env import call
 
@@ -156,7 +157,9 @@ def test_the_agentic_main_job_trains_on_the_tiny_model_and_leaves_no_sandbox(tmp
     # the tiny model's groups all score alike, so each step also records the groups it set
     # aside for new tasks (`loop.uniform_redraws`)
     assert rows[0]["redrawn"] > 0
-    assert len(trajectories) == 4 * (4 + rows[0]["redrawn"])
+    rollout = tomllib.loads((ROOT / "examples" / "coding.toml").read_text())["rollout"]
+    drawn_groups = rollout["tasks_per_step"] + rows[0]["redrawn"]
+    assert len(trajectories) == rollout["rollouts_per_task"] * drawn_groups
     drawn = {t.info["harbor_task"] for t in trajectories}
     assert all(name in EASY or name.startswith("generated-") for name in drawn), drawn
     assert all(t.messages[0]["role"] == "system" for t in trajectories)
