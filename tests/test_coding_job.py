@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import tomllib
 
 import pytest
 
+from reinforge.config import Config, load_config
 from reinforge.envs.builtin.coding import TASKS
 from reinforge.envs.harbor import load_environment
 from reinforge.errors import UsageError
@@ -157,9 +157,9 @@ def test_the_agentic_main_job_trains_on_the_tiny_model_and_leaves_no_sandbox(tmp
     # the tiny model's groups all score alike, so each step also records the groups it set
     # aside for new tasks (`loop.uniform_redraws`)
     assert rows[0]["redrawn"] > 0
-    rollout = tomllib.loads((ROOT / "examples" / "coding.toml").read_text())["rollout"]
-    drawn_groups = rollout["tasks_per_step"] + rows[0]["redrawn"]
-    assert len(trajectories) == rollout["rollouts_per_task"] * drawn_groups
+    rollout = load_config(Config, ROOT / "examples" / "coding.toml", []).rollout
+    drawn_groups = rollout.tasks_per_step + rows[0]["redrawn"]
+    assert len(trajectories) == rollout.rollouts_per_task * drawn_groups
     drawn = {t.info["harbor_task"] for t in trajectories}
     assert all(name in EASY or name.startswith("generated-") for name in drawn), drawn
     assert all(t.messages[0]["role"] == "system" for t in trajectories)

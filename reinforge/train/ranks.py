@@ -123,24 +123,18 @@ class LocalRanks:
                         raise self._died(rank)
                     continue
                 rank = next(r for r, pipe in pending.items() if pipe is ready)
-                try:
+                try:  # a tensor in the answer is fetched from the rank: OSError if it died
                     ok, value = pending.pop(rank).recv()
-                except EOFError:
+                except (EOFError, OSError):
                     raise self._died(rank) from None
-                except OSError as error:  # a tensor in it is fetched from the rank, gone
-                    raise self._died(rank, error) from None
                 if not ok:
                     raise RankFailed(f"trainer rank {rank}: {value}")
                 answers[rank] = value
         return [answers[rank] for rank in range(len(self._pipes))]
 
-    def _died(self, rank: int, lost: OSError | None = None) -> RankFailed:
-        """The error for a rank whose pipe closed, or whose answer could not be read
-        (`lost`): its death, or, should it still live, why the answer was lost."""
+    def _died(self, rank: int) -> RankFailed:
         process = self._processes[rank]
         process.join(timeout=STOP_S)  # its pipe closes as it exits: the code follows
-        if process.exitcode is None and lost is not None:
-            return RankFailed(f"trainer rank {rank}: its answer was lost: {describe(lost)}")
         return RankFailed(f"trainer rank {rank} died (exit code {process.exitcode})")
 
     def stop(self, wait_s: float = STOP_S) -> None:

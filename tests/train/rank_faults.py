@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from ..sandbox.helpers import host_pid_alive
 
 
 def leave(how: str) -> None:
@@ -41,11 +42,5 @@ class _ExitOnceSent:
 
 def _wait_for_exit(pid: int) -> None:
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
-            return
-        if state in ("Z", "X"):  # exited; the driver, its parent, has not reaped it yet
-            return
+    while host_pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
