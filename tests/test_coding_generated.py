@@ -1,6 +1,7 @@
 """The generated coding tasks on real sandboxes: each kind is solved by its reference
-solution and not by doing nothing, the audit finds no hack, the same seed gives the same
-tasks, and they only ever join the train split."""
+solution and not by doing nothing, a Python task is graded by the values its function
+returns, none names a path or function that a written task names, the audit finds no hack,
+the same seed gives the same tasks, and they only ever join the train split."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import json
 
 import pytest
 
-from reinforge.envs.builtin.coding import load_environment
-from reinforge.envs.builtin.coding.generated import KINDS, generate
+from reinforge.envs.builtin.coding import load_environment, written_names
+from reinforge.envs.builtin.coding.generated import KINDS, generate, named
 from reinforge.envs.harbor import load_environment as load_harbor
 from reinforge.errors import UsageError
 
@@ -28,6 +29,47 @@ async def test_every_kind_scores_1_with_its_solution_and_0_untouched(tmp_path, a
     trajectories = await run_all(load_harbor(tmp_path, agent=agent))
     assert sorted(t.task_id for t in trajectories) == sorted(p.name for p in paths)
     assert all(t.status == "ok" and t.reward == reward for t in trajectories), trajectories
+
+
+@pytest.mark.parametrize(("agent", "reward"), [("oracle", 1.0), ("nop", 0.0)])
+async def test_described_contents_score_1_with_their_solution_and_0_untouched(
+    tmp_path, agent, reward
+):
+    """The forms that describe what to write (a section and its settings, a JSON object,
+    a folder holding a file) instead of listing the file's lines."""
+    paths = generate(48, seed=1, root=tmp_path, kinds=["create", "make-dir"])
+    said = "\n".join((p / "instruction.md").read_text() for p in paths)
+    forms = ("INI file", "TOML file", "JSON object", "one setting per line", "holding one file")
+    assert all(form in said for form in forms), said
+    trajectories = await run_all(load_harbor(tmp_path, agent=agent))
+    assert len(trajectories) == 48
+    assert all(t.status == "ok" and t.reward == reward for t in trajectories), trajectories
+
+
+async def test_a_python_task_is_graded_on_what_its_function_returns(tmp_path):
+    """A change that runs but returns the wrong values scores 0, whatever the file says."""
+    python_kinds = ["fix-operator", "fix-typo", "return-not-print", "implement"]
+    paths = generate(2 * len(python_kinds), seed=0, root=tmp_path, kinds=python_kinds)
+    for path in paths:
+        (module,) = (path / "environment").glob("*.py")
+        wrong = f"#!/bin/bash\nsed -i 's/^    .*/    return 0/' /app/{module.name}\n"
+        (path / "solution" / "solve.sh").write_text(wrong)
+    trajectories = await run_all(load_harbor(tmp_path, agent="oracle"))
+    assert len(trajectories) == len(paths)
+    assert all(t.status == "ok" and t.reward == 0.0 for t in trajectories), trajectories
+
+
+def test_a_generated_task_never_names_a_path_or_function_a_written_task_names(tmp_path):
+    written = written_names()
+    assert {"/app/notes.md", "/app/docs", "/app/deploy.yaml", "total", "welcome"} <= written
+
+    def names(paths) -> set[str]:
+        return set().union(*(named((p / "instruction.md").read_text()) for p in paths))
+
+    assert names(generate(200, seed=1, root=tmp_path / "drawn")) & written
+    assert not names(generate(200, seed=1, root=tmp_path / "kept", avoid=written)) & written
+    env = load_environment(split="train", generated=200, generated_seed=1)
+    assert not names(env.runnable[name].path for name in generated(env)) & written
 
 
 def test_the_generated_tasks_audit_clean(tmp_path):

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from reinforge.envs.builtin.coding.generated import KINDS, generate
+from reinforge.envs.builtin.coding.generated import KINDS, generate, named
 from reinforge.envs.environment import Environment
 from reinforge.envs.harbor import load_environment as load_harbor
 from reinforge.errors import UsageError
@@ -54,9 +54,14 @@ def load_environment(
         return load_harbor(TASKS, name="coding", **kwargs)
     root = Path(tempfile.mkdtemp(prefix="reinforge-coding-"))
     atexit.register(shutil.rmtree, root, ignore_errors=True)
-    paths = generate(generated, generated_seed, root, kinds)
+    paths = generate(generated, generated_seed, root, kinds, avoid=written_names())
     if generated_only:  # every generated task is a train task: train keeps them all
         if kwargs.get("split") == "train":
             kwargs["split"] = "all"
         return load_harbor(root, name="coding", **kwargs)
     return load_harbor(TASKS, name="coding", train_only=paths, **kwargs)
+
+
+def written_names() -> frozenset[str]:
+    """Every path and function that a written task's instruction names, train or test."""
+    return frozenset().union(*(named(t.read_text()) for t in TASKS.glob("*/instruction.md")))

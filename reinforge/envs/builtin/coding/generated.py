@@ -1,5 +1,7 @@
 """Generated training tasks: the easy tier's kinds of file work (edit a setting, append,
-delete or create lines, copy, move, rename, make a folder), drawn from a seed.
+delete or create lines, copy, move, rename, make a folder) and of one-line Python fixes (a
+wrong operator, a typo in a message, a print that should be a return, a body to write),
+drawn from a seed.
 
 A small model given one reference transcript per written task memorises those
 transcripts; given hundreds of variants of the same kinds (other files, keys, values and
@@ -12,6 +14,7 @@ train split, so the held-out tasks stay the written ones.
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +83,59 @@ if __name__ == "__main__":
 """
 
 
+FUNCTION_TEST_PY = """import ast
+import subprocess
+import sys
+import unittest
+
+
+def unprivileged():
+    # Run the candidate as nobody where the sandbox maps that uid: its code then can
+    # neither write the reward file nor signal the processes that grade it.
+    with open("/proc/self/uid_map") as f:
+        ranges = [line.split() for line in f]
+    if any(int(inside) <= 65534 < int(inside) + int(n) for inside, _, n in ranges):
+        return {"user": 65534, "group": 65534, "extra_groups": []}
+    return {}
+
+
+def evaluate(module, expression):
+    # The repr of `expression`, computed in a fresh process that imports the candidate's
+    # module from /app after the standard library: its code never runs in this process.
+    script = "import sys\\nsys.path.append('/app')\\n"
+    script += "import " + module + "\\nprint(repr(" + expression + "))"
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd="/tmp",
+        **unprivileged(),
+    )
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        raise AssertionError(f"exit code {result.returncode}: {result.stderr[-500:]}")
+    return lines[-1]
+
+
+MODULE = %(module)r
+CALLS = %(calls)r
+EXPECTED = %(expected)r
+
+
+class Outcome(unittest.TestCase):
+    def test_calls(self):
+        got = ast.literal_eval(evaluate(MODULE, "[" + ", ".join(CALLS) + "]"))
+        self.assertIs(type(got), list)
+        self.assertEqual(got, EXPECTED)
+        self.assertEqual([type(g) for g in got], [type(e) for e in EXPECTED])
+
+
+if __name__ == "__main__":
+    unittest.main()
+"""
+
+
 @dataclass
 class Spec:
     """One generated task: what the agent is told, what it finds, what must hold after."""
@@ -92,6 +148,9 @@ class Spec:
     expected: dict[str, list[str]]
     absent: list[str] = field(default_factory=list)
     empty_dirs: list[str] = field(default_factory=list)
+    calls: dict[str, object] = field(default_factory=dict)
+    """For a Python task, calls into the agent's module (`module.function(args)`) and the
+    value each must return; the files are then not compared."""
 
 
 WORDS = (
@@ -185,11 +244,17 @@ def edit(rng: random.Random) -> Spec:
     shown_key = key.upper() if fmt.ext == ".env" else key
     before = _render(fmt, settings)
     after = _render(fmt, settings[:i] + [(key, new)] + settings[i + 1 :])
-    old_line, new_line = before[i + len(fmt.head)].strip(), after[i + len(fmt.head)].strip()
+    old_line, new_line = (
+        before[i + len(fmt.head)].strip(),
+        after[i + len(fmt.head)].strip(),
+    )
     wordings = [
         "In `{p}`, change `{k}` from `{o}` to `{n}`. Keep the other lines as they are.",
         "Set `{k}` to `{n}` in `{p}` (it is `{o}` now). Leave everything else unchanged.",
         "`{p}` has `{k}` set to `{o}`. Change it to `{n}` and keep the rest of the file.",
+        # Without the old value the agent has to read the file to find the line.
+        "In `{p}`, set `{k}` to `{n}`. Keep every other setting exactly as it is.",
+        "Change `{k}` in `{p}` to `{n}`; the other lines stay as they are.",
     ]
     instruction = _say(rng, wordings, p=_path(name), k=shown_key, o=old, n=new)
     return Spec(
@@ -240,8 +305,12 @@ def append(rng: random.Random) -> Spec:
 
 
 def create(rng: random.Random) -> Spec:
-    if rng.random() < 0.5:
+    form = rng.random()
+    if form < 0.5:
         fmt, name, settings = _config(rng)
+        if form < 0.25:
+            lines, instruction = _described(rng, fmt, name, settings)
+            return Spec("create-file", instruction, {}, _heredoc(name, lines), {name: lines})
         lines = _render(fmt, settings)
     else:
         name, lines = rng.choice(NAMES) + rng.choice(TEXT_EXTS), _text_lines(rng)
@@ -250,13 +319,41 @@ def create(rng: random.Random) -> Spec:
     else:
         block = "\n".join(f"    {line}" for line in lines)
         instruction = f"Create `{_path(name)}` with exactly these lines:\n\n{block}\n"
-    return Spec(
-        "create-file",
-        instruction,
-        {},
-        _script(f"cat > {name} <<'EOF'", *lines, "EOF"),
-        {name: lines},
+    return Spec("create-file", instruction, {}, _heredoc(name, lines), {name: lines})
+
+
+SECTIONS = {".ini": ("an INI file", "section"), ".toml": ("a TOML file", "table")}
+
+
+def _described(
+    rng: random.Random, fmt: Format, name: str, settings: list[tuple[str, str]]
+) -> tuple[list[str], str]:
+    """A config file's lines and an instruction that describes them instead of listing
+    them, as people ask: the agent has to lay out the section, the JSON object or the
+    lines itself."""
+    path = _path(name)
+    if fmt.ext == ".json":
+        obj = "{" + ", ".join(f'"{k}": {v}' for k, v in settings) + "}"
+        return [obj], f"Create a file `{path}` that contains this JSON object:\n\n    {obj}\n"
+    shown = [fmt.line(k, v) for k, v in settings]
+    listed = ", ".join(f"`{line}`" for line in shown[:-1]) + f" and `{shown[-1]}`"
+    if fmt.ext in SECTIONS:
+        what, part = SECTIONS[fmt.ext]
+        section = rng.choice(STEMS + KEYS)
+        wordings = [
+            "Create {w} `{p}` with one {t}, `[{s}]`, that sets {l}.",
+            "Write {w} `{p}` holding a single {t} `[{s}]` with the settings {l}.",
+        ]
+        instruction = _say(rng, wordings, w=what, p=path, t=part, s=section, l=listed)
+        return [f"[{section}]", *shown], instruction
+    return (
+        shown,
+        f"Create `{path}` that sets {listed}, one setting per line in this order.",
     )
+
+
+def _heredoc(name: str, lines: list[str]) -> str:
+    return _script(f"cat > {name} <<'EOF'", *lines, "EOF")
 
 
 def copy(rng: random.Random) -> Spec:
@@ -279,11 +376,23 @@ def copy(rng: random.Random) -> Spec:
 
 def make_dir(rng: random.Random) -> Spec:
     folder = rng.choice(["", "data/", "src/", "var/"]) + rng.choice(WORDS + STEMS)
-    wordings = ["Create an empty directory `{d}`.", "Make a new, empty folder `{d}`."]
-    instruction = _say(rng, wordings, d=_path(folder))
-    return Spec(
-        "make-dir", instruction, {}, _script(f"mkdir -p {folder}"), {}, empty_dirs=[_path(folder)]
-    )
+    if rng.random() < 0.5:
+        wordings = [
+            "Create an empty directory `{d}`.",
+            "Make a new, empty folder `{d}`.",
+        ]
+        instruction = _say(rng, wordings, d=_path(folder))
+        script = _script(f"mkdir -p {folder}")
+        return Spec("make-dir", instruction, {}, script, {}, empty_dirs=[_path(folder)])
+    name = rng.choice(NAMES) + rng.choice(TEXT_EXTS)
+    line = " ".join(rng.sample(WORDS, rng.randint(1, 3)))
+    wordings = [
+        "Create a directory `{d}` and in it a file `{f}` whose only line is `{l}`.",
+        "Make a new folder `{d}` holding one file, `{f}`, with the single line `{l}`.",
+    ]
+    instruction = _say(rng, wordings, d=_path(folder), f=name, l=line)
+    script = _script(f"mkdir -p {folder}", f"echo '{line}' > {folder}/{name}")
+    return Spec("make-dir", instruction, {}, script, {f"{folder}/{name}": [line]})
 
 
 def move(rng: random.Random) -> Spec:
@@ -327,9 +436,160 @@ def rename(rng: random.Random) -> Spec:
     )
 
 
+MODULES = "helpers ops maths util tools core compute shapes scores".split()
+
+
+def _module(rng: random.Random) -> tuple[str, str]:
+    module = rng.choice(MODULES)
+    return module, f"{module}.py"
+
+
+def _ints(rng: random.Random, n: int) -> list[int]:
+    return [rng.randint(-9, 20) for _ in range(n)]
+
+
+OPERATORS: dict[str, Callable[[int, int], int]] = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+}
+
+
+def fix_operator(rng: random.Random) -> Spec:
+    module, name = _module(rng)
+    fn = rng.choice("combine merge mix apply blend join pair fold".split())
+    right, wrong = rng.sample(list(OPERATORS), 2)
+    x, y = rng.randint(2, 9), rng.randint(2, 9)
+    wordings = [
+        "The function `{f}(a, b)` in `{p}` should return `a {r} b`, but it uses the wrong "
+        "operator: `{f}({x}, {y})` returns `{w}` instead of `{e}`. Fix it.",
+        "`{f}(a, b)` in `{p}` returns `a {o} b` where it should return `a {r} b`. Fix the "
+        "operator and keep the function's name and arguments.",
+    ]
+    instruction = _say(
+        rng,
+        wordings,
+        f=fn,
+        p=_path(name),
+        r=right,
+        o=wrong,
+        x=str(x),
+        y=str(y),
+        w=str(OPERATORS[wrong](x, y)),
+        e=str(OPERATORS[right](x, y)),
+    )
+    pairs = [(x, y), *zip(_ints(rng, 3), _ints(rng, 3), strict=True)]
+    pattern = wrong.replace("*", "\\*")  # sed's regex: a literal star
+    return Spec(
+        "fix-operator",
+        instruction,
+        {name: [f"def {fn}(a, b):", f"    return a {wrong} b"]},
+        _script(f"sed -i 's/return a {pattern} b/return a {right} b/' {name}"),
+        {},
+        calls={f"{module}.{fn}({a}, {b})": OPERATORS[right](a, b) for a, b in pairs},
+    )
+
+
+GREETINGS = "Hello Goodbye Thanks Congratulations Cheers Greetings Farewell".split()
+
+
+def fix_typo(rng: random.Random) -> Spec:
+    module = rng.choice("texts words replies phrases".split())
+    name = f"{module}.py"
+    fn = rng.choice("greet farewell message salute hail".split())
+    word = rng.choice(GREETINGS)
+    i = rng.randrange(1, len(word))
+    typo = word[:i] + word[i + 1 :]
+    who = rng.choice("Sam Ann Bo Kim Lee Max Eve".split())
+    wordings = [
+        'The function `{f}(name)` in `{p}` has a typo: `{f}("{n}")` returns `"{t}, {n}!"`. '
+        'Fix the typo so that it returns `"{c}, {n}!"`.',
+        '`{f}("{n}")` in `{p}` gives `"{t}, {n}!"` but should give `"{c}, {n}!"`. Correct '
+        "the spelling.",
+    ]
+    instruction = _say(rng, wordings, f=fn, p=_path(name), n=who, t=typo, c=word)
+    names = [who, *rng.sample("Zoe Tom Ivy Ray Liz Ned".split(), 2)]
+    return Spec(
+        "fix-typo",
+        instruction,
+        {name: [f"def {fn}(name):", f'    return "{typo}, " + name + "!"']},
+        _script(f"sed -i 's/\"{typo}, /\"{word}, /' {name}"),
+        {},
+        calls={f"{module}.{fn}({n!r})": f"{word}, {n}!" for n in names},
+    )
+
+
+AGGREGATES = {
+    "sum": ("the sum", "sum_of add_all".split()),
+    "max": ("the largest", "largest biggest top".split()),
+    "min": ("the smallest", "smallest lowest bottom".split()),
+    "len": ("the length", "count size_of how_many".split()),
+}
+
+
+def return_not_print(rng: random.Random) -> Spec:
+    module, name = _module(rng)
+    agg = rng.choice(list(AGGREGATES))
+    what, fns = AGGREGATES[agg]
+    fn, arg = rng.choice(fns), rng.choice("values items numbers".split())
+    example = _ints(rng, 3)
+    wordings = [
+        "The function `{f}({a})` in `{p}` prints {w} of `{a}` instead of returning it, so "
+        "`{f}({x})` returns `None`. Change it so that it returns it (`{f}({x})` is `{r}`).",
+        "`{f}({a})` in `{p}` should return {w} of `{a}`, but it prints it and returns "
+        "`None`. Make it return the value: `{f}({x})` must be `{r}`.",
+    ]
+    value = {"sum": sum, "max": max, "min": min, "len": len}[agg]
+    instruction = _say(
+        rng,
+        wordings,
+        f=fn,
+        a=arg,
+        p=_path(name),
+        w=what,
+        x=str(example),
+        r=str(value(example)),
+    )
+    lists = [example, _ints(rng, 4), _ints(rng, 2)]
+    return Spec(
+        "return-not-print",
+        instruction,
+        {name: [f"def {fn}({arg}):", f"    print({agg}({arg}))"]},
+        _script(f"sed -i 's/print({agg}({arg}))/return {agg}({arg})/' {name}"),
+        {},
+        calls={f"{module}.{fn}({xs!r})": value(xs) for xs in lists},
+    )
+
+
+def implement(rng: random.Random) -> Spec:
+    module, name = _module(rng)
+    fn = rng.choice("scale shift bump grow offset step adjust convert".split())
+    op, k = rng.choice(list(OPERATORS)), rng.randint(2, 9)
+    x = rng.randint(2, 9)
+    wordings = [
+        "Implement `{f}(x)` in `{p}`: it returns `x {o} {k}`. For example `{f}({x})` is `{r}`.",
+        "`{f}(x)` in `{p}` is not written yet. Make it return `x {o} {k}` (so `{f}({x})` "
+        "is `{r}`).",
+    ]
+    result = OPERATORS[op](x, k)
+    instruction = _say(rng, wordings, f=fn, p=_path(name), o=op, k=str(k), x=str(x), r=str(result))
+    xs = [x, *_ints(rng, 3)]
+    return Spec(
+        "implement",
+        instruction,
+        {name: [f"def {fn}(x):", "    raise NotImplementedError"]},
+        _script(f"sed -i 's/raise NotImplementedError/return x {op} {k}/' {name}"),
+        {},
+        calls={f"{module}.{fn}({v})": OPERATORS[op](v, k) for v in xs},
+    )
+
+
 KINDS: dict[str, Callable[[random.Random], Spec]] = {
     kind.__name__.replace("_", "-"): kind
-    for kind in (edit, delete, append, create, copy, make_dir, move, rename)
+    for kind in (
+        *(edit, delete, append, create, copy, make_dir, move, rename),
+        *(fix_operator, fix_typo, return_not_print, implement),
+    )
 }
 
 
@@ -347,18 +607,48 @@ def write_task(spec: Spec, path: Path) -> None:
     (path / "environment" / "Dockerfile").write_text("\n".join(dockerfile) + "\n")
     (path / "solution" / "solve.sh").write_text(spec.solution)
     (path / "tests" / "test.sh").write_text(TEST_SH)
-    files = {_path(name): lines for name, lines in spec.expected.items()}
-    test = TEST_PY.format(files=files, absent=spec.absent, empty_dirs=spec.empty_dirs)
+    if spec.calls:
+        module = next(iter(spec.calls)).split(".")[0]
+        calls, expected = list(spec.calls), list(spec.calls.values())
+        test = FUNCTION_TEST_PY % {
+            "module": module,
+            "calls": calls,
+            "expected": expected,
+        }
+    else:
+        files = {_path(name): lines for name, lines in spec.expected.items()}
+        test = TEST_PY.format(files=files, absent=spec.absent, empty_dirs=spec.empty_dirs)
     (path / "tests" / "test_task.py").write_text(test)
 
 
-def generate(n: int, seed: int, root: Path, kinds: Sequence[str] = tuple(KINDS)) -> list[Path]:
-    """`n` task directories under `root`, the `kinds` taken in turn, drawn from `seed`."""
+NAMED = re.compile(r"`(/[^`\s]+)`|`([A-Za-z_]\w*)\(")
+"""What an instruction names: an absolute path, or a function called, in backticks."""
+
+
+def named(instruction: str) -> set[str]:
+    return {path or function for path, function in NAMED.findall(instruction)}
+
+
+def generate(
+    n: int,
+    seed: int,
+    root: Path,
+    kinds: Sequence[str] = tuple(KINDS),
+    avoid: frozenset[str] = frozenset(),
+) -> list[Path]:
+    """`n` task directories under `root`, the `kinds` taken in turn, drawn from `seed`.
+
+    A draw whose instruction names a path or function in `avoid` (those the written tasks
+    name) is drawn again: a generated task is another task of the same kind, never a
+    written one with other values, so a held-out task is never trained on in disguise."""
     rng = random.Random(seed)
     paths = []
     for i in range(n):
         kind = kinds[i % len(kinds)]
+        spec = KINDS[kind](rng)
+        while named(spec.instruction) & avoid:
+            spec = KINDS[kind](rng)
         path = root / f"generated-{kind}-{i:04d}"
-        write_task(KINDS[kind](rng), path)
+        write_task(spec, path)
         paths.append(path)
     return paths
