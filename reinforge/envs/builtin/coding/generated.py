@@ -310,16 +310,21 @@ def create(rng: random.Random) -> Spec:
         fmt, name, settings = _config(rng)
         if form < 0.25:
             lines, instruction = _described(rng, fmt, name, settings)
-            return Spec("create-file", instruction, {}, _heredoc(name, lines), {name: lines})
-        lines = _render(fmt, settings)
+        else:
+            lines = _render(fmt, settings)
+            instruction = _listed(rng, name, lines)
     else:
         name, lines = rng.choice(NAMES) + rng.choice(TEXT_EXTS), _text_lines(rng)
-    if len(lines) == 1 and rng.random() < 0.5:
-        instruction = f"Create a file `{_path(name)}` whose only line is `{lines[0]}`."
-    else:
-        block = "\n".join(f"    {line}" for line in lines)
-        instruction = f"Create `{_path(name)}` with exactly these lines:\n\n{block}\n"
+        instruction = _listed(rng, name, lines)
     return Spec("create-file", instruction, {}, _heredoc(name, lines), {name: lines})
+
+
+def _listed(rng: random.Random, name: str, lines: list[str]) -> str:
+    """An instruction that gives the file's lines as they must be."""
+    if len(lines) == 1 and rng.random() < 0.5:
+        return f"Create a file `{_path(name)}` whose only line is `{lines[0]}`."
+    block = "\n".join(f"    {line}" for line in lines)
+    return f"Create `{_path(name)}` with exactly these lines:\n\n{block}\n"
 
 
 SECTIONS = {".ini": ("an INI file", "section"), ".toml": ("a TOML file", "table")}
