@@ -5,12 +5,14 @@ the same seed gives the same tasks, and they only ever join the train split."""
 
 from __future__ import annotations
 
+import ast
 import json
 
 import pytest
 
-from reinforge.envs.builtin.coding import load_environment, written_names
+from reinforge.envs.builtin.coding import TASKS, load_environment, written_names
 from reinforge.envs.builtin.coding.generated import KINDS, generate, named
+from reinforge.envs.builtin.coding.generated.task_dir import FUNCTION_CHECK
 from reinforge.envs.harbor import load_environment as load_harbor
 from reinforge.errors import UsageError
 
@@ -57,6 +59,28 @@ async def test_a_python_task_is_graded_on_what_its_function_returns(tmp_path):
     trajectories = await run_all(load_harbor(tmp_path, agent="oracle"))
     assert len(trajectories) == len(paths)
     assert all(t.status == "ok" and t.reward == 0.0 for t in trajectories), trajectories
+
+
+def test_every_function_task_runs_the_candidate_with_the_one_shared_check():
+    """The written function tasks each carry the check (a Harbor task is self-contained);
+    a fix to it must reach them all and the generated ones alike."""
+
+    def runner(test: str) -> list[str | None]:
+        return [
+            ast.get_source_segment(test, node)
+            for node in ast.parse(test).body
+            if isinstance(node, ast.FunctionDef) and node.name in ("unprivileged", "evaluate")
+        ]
+
+    shared = runner(FUNCTION_CHECK.read_text())
+    assert len(shared) == 2
+    written = [
+        test.read_text()
+        for test in TASKS.glob("*/tests/test_task.py")
+        if "def evaluate" in test.read_text()
+    ]
+    assert len(written) >= 20
+    assert all(runner(test) == shared for test in written)
 
 
 def test_a_generated_task_never_names_a_path_or_function_a_written_task_names(tmp_path):

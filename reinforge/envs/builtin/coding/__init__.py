@@ -4,7 +4,7 @@ Each task directory under `tasks/` has an instruction, a Dockerfile that the loc
 backend replays (FROM, WORKDIR, COPY), hidden tests run after the agent phase and a
 reference solution (`--agent oracle`). The tiers are in each task.toml's
 `[metadata] difficulty`. `generated` adds that many generated easy tasks
-(`generated.py`) to the train split, of the `generated_kinds` named (all by default);
+(`generated/`) to the train split, of the `generated_kinds` named (all by default);
 `generated_only` leaves the written tasks out.
 """
 

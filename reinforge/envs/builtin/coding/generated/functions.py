@@ -1,0 +1,163 @@
+"""The kinds of one-line Python fix: a wrong operator, a typo in a message, a print that
+should be a return, a body to write. Each is graded by what the function returns."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from reinforge.envs.builtin.coding.generated.task_dir import (
+    Spec,
+    solve_script,
+    wording,
+    workdir_path,
+)
+
+MODULES = "helpers ops maths util tools core compute shapes scores".split()
+
+
+def _module(rng: random.Random) -> tuple[str, str]:
+    module = rng.choice(MODULES)
+    return module, f"{module}.py"
+
+
+def _ints(rng: random.Random, n: int) -> list[int]:
+    return [rng.randint(-9, 20) for _ in range(n)]
+
+
+OPERATORS: dict[str, Callable[[int, int], int]] = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+}
+
+
+def fix_operator(rng: random.Random) -> Spec:
+    module, name = _module(rng)
+    fn = rng.choice("combine merge mix apply blend join pair fold".split())
+    right, wrong = rng.sample(list(OPERATORS), 2)
+    x, y = rng.randint(2, 9), rng.randint(2, 9)
+    wordings = [
+        "The function `{f}(a, b)` in `{p}` should return `a {r} b`, but it uses the wrong "
+        "operator: `{f}({x}, {y})` returns `{w}` instead of `{e}`. Fix it.",
+        "`{f}(a, b)` in `{p}` returns `a {o} b` where it should return `a {r} b`. Fix the "
+        "operator and keep the function's name and arguments.",
+    ]
+    instruction = wording(
+        rng,
+        wordings,
+        f=fn,
+        p=workdir_path(name),
+        r=right,
+        o=wrong,
+        x=str(x),
+        y=str(y),
+        w=str(OPERATORS[wrong](x, y)),
+        e=str(OPERATORS[right](x, y)),
+    )
+    pairs = [(x, y), *zip(_ints(rng, 3), _ints(rng, 3), strict=True)]
+    pattern = wrong.replace("*", "\\*")  # sed's regex: a literal star
+    return Spec(
+        "fix-operator",
+        instruction,
+        {name: [f"def {fn}(a, b):", f"    return a {wrong} b"]},
+        solve_script(f"sed -i 's/return a {pattern} b/return a {right} b/' {name}"),
+        {},
+        calls={f"{module}.{fn}({a}, {b})": OPERATORS[right](a, b) for a, b in pairs},
+    )
+
+
+GREETINGS = "Hello Goodbye Thanks Congratulations Cheers Greetings Farewell".split()
+
+
+def fix_typo(rng: random.Random) -> Spec:
+    module = rng.choice("texts words replies phrases".split())
+    name = f"{module}.py"
+    fn = rng.choice("greet farewell message salute hail".split())
+    word = rng.choice(GREETINGS)
+    i = rng.randrange(1, len(word))
+    typo = word[:i] + word[i + 1 :]
+    who = rng.choice("Sam Ann Bo Kim Lee Max Eve".split())
+    wordings = [
+        'The function `{f}(name)` in `{p}` has a typo: `{f}("{n}")` returns `"{t}, {n}!"`. '
+        'Fix the typo so that it returns `"{c}, {n}!"`.',
+        '`{f}("{n}")` in `{p}` gives `"{t}, {n}!"` but should give `"{c}, {n}!"`. Correct '
+        "the spelling.",
+    ]
+    instruction = wording(rng, wordings, f=fn, p=workdir_path(name), n=who, t=typo, c=word)
+    names = [who, *rng.sample("Zoe Tom Ivy Ray Liz Ned".split(), 2)]
+    return Spec(
+        "fix-typo",
+        instruction,
+        {name: [f"def {fn}(name):", f'    return "{typo}, " + name + "!"']},
+        solve_script(f"sed -i 's/\"{typo}, /\"{word}, /' {name}"),
+        {},
+        calls={f"{module}.{fn}({n!r})": f"{word}, {n}!" for n in names},
+    )
+
+
+AGGREGATES = {
+    "sum": ("the sum", "sum_of add_all".split()),
+    "max": ("the largest", "largest biggest top".split()),
+    "min": ("the smallest", "smallest lowest bottom".split()),
+    "len": ("the length", "count size_of how_many".split()),
+}
+
+
+def return_not_print(rng: random.Random) -> Spec:
+    module, name = _module(rng)
+    agg = rng.choice(list(AGGREGATES))
+    what, fns = AGGREGATES[agg]
+    fn, arg = rng.choice(fns), rng.choice("values items numbers".split())
+    example = _ints(rng, 3)
+    wordings = [
+        "The function `{f}({a})` in `{p}` prints {w} of `{a}` instead of returning it, so "
+        "`{f}({x})` returns `None`. Change it so that it returns it (`{f}({x})` is `{r}`).",
+        "`{f}({a})` in `{p}` should return {w} of `{a}`, but it prints it and returns "
+        "`None`. Make it return the value: `{f}({x})` must be `{r}`.",
+    ]
+    value = {"sum": sum, "max": max, "min": min, "len": len}[agg]
+    instruction = wording(
+        rng,
+        wordings,
+        f=fn,
+        a=arg,
+        p=workdir_path(name),
+        w=what,
+        x=str(example),
+        r=str(value(example)),
+    )
+    lists = [example, _ints(rng, 4), _ints(rng, 2)]
+    return Spec(
+        "return-not-print",
+        instruction,
+        {name: [f"def {fn}({arg}):", f"    print({agg}({arg}))"]},
+        solve_script(f"sed -i 's/print({agg}({arg}))/return {agg}({arg})/' {name}"),
+        {},
+        calls={f"{module}.{fn}({xs!r})": value(xs) for xs in lists},
+    )
+
+
+def implement(rng: random.Random) -> Spec:
+    module, name = _module(rng)
+    fn = rng.choice("scale shift bump grow offset step adjust convert".split())
+    op, k = rng.choice(list(OPERATORS)), rng.randint(2, 9)
+    x = rng.randint(2, 9)
+    wordings = [
+        "Implement `{f}(x)` in `{p}`: it returns `x {o} {k}`. For example `{f}({x})` is `{r}`.",
+        "`{f}(x)` in `{p}` is not written yet. Make it return `x {o} {k}` (so `{f}({x})` "
+        "is `{r}`).",
+    ]
+    result = OPERATORS[op](x, k)
+    instruction = wording(
+        rng, wordings, f=fn, p=workdir_path(name), o=op, k=str(k), x=str(x), r=str(result)
+    )
+    xs = [x, *_ints(rng, 3)]
+    return Spec(
+        "implement",
+        instruction,
+        {name: [f"def {fn}(x):", "    raise NotImplementedError"]},
+        solve_script(f"sed -i 's/raise NotImplementedError/return x {op} {k}/' {name}"),
+        {},
+        calls={f"{module}.{fn}({v})": OPERATORS[op](v, k) for v in xs},
+    )
