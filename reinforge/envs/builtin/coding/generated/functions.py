@@ -16,8 +16,8 @@ from reinforge.envs.builtin.coding.generated.task_dir import (
 MODULES = "helpers ops maths util tools core compute shapes scores".split()
 
 
-def _module(rng: random.Random) -> tuple[str, str]:
-    module = rng.choice(MODULES)
+def _module(rng: random.Random, modules: list[str] = MODULES) -> tuple[str, str]:
+    module = rng.choice(modules)
     return module, f"{module}.py"
 
 
@@ -71,8 +71,7 @@ GREETINGS = "Hello Goodbye Thanks Congratulations Cheers Greetings Farewell".spl
 
 
 def fix_typo(rng: random.Random) -> Spec:
-    module = rng.choice("texts words replies phrases".split())
-    name = f"{module}.py"
+    module, name = _module(rng, "texts words replies phrases".split())
     fn = rng.choice("greet farewell message salute hail".split())
     word = rng.choice(GREETINGS)
     i = rng.randrange(1, len(word))
@@ -96,18 +95,19 @@ def fix_typo(rng: random.Random) -> Spec:
     )
 
 
-AGGREGATES = {
-    "sum": ("the sum", "sum_of add_all".split()),
-    "max": ("the largest", "largest biggest top".split()),
-    "min": ("the smallest", "smallest lowest bottom".split()),
-    "len": ("the length", "count size_of how_many".split()),
+AGGREGATES: dict[str, tuple[Callable[[list[int]], int], str, list[str]]] = {
+    "sum": (sum, "the sum", "sum_of add_all".split()),
+    "max": (max, "the largest", "largest biggest top".split()),
+    "min": (min, "the smallest", "smallest lowest bottom".split()),
+    "len": (len, "the length", "count size_of how_many".split()),
 }
+"""The builtin the function prints, how the instruction says it, the function's names."""
 
 
 def return_not_print(rng: random.Random) -> Spec:
     module, name = _module(rng)
     agg = rng.choice(list(AGGREGATES))
-    what, fns = AGGREGATES[agg]
+    value, what, fns = AGGREGATES[agg]
     fn, arg = rng.choice(fns), rng.choice("values items numbers".split())
     example = _ints(rng, 3)
     wordings = [
@@ -116,7 +116,6 @@ def return_not_print(rng: random.Random) -> Spec:
         "`{f}({a})` in `{p}` should return {w} of `{a}`, but it prints it and returns "
         "`None`. Make it return the value: `{f}({x})` must be `{r}`.",
     ]
-    value = {"sum": sum, "max": max, "min": min, "len": len}[agg]
     instruction = wording(
         rng,
         wordings,

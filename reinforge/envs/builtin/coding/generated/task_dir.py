@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 WORKDIR = "/app"
@@ -97,6 +98,12 @@ if __name__ == "__main__":
 FUNCTION_CHECK = Path(__file__).with_name("function_check.py")
 
 
+@cache
+def function_check() -> str:
+    """FUNCTION_CHECK's text, read once for all the function tasks a draw writes."""
+    return FUNCTION_CHECK.read_text()
+
+
 @dataclass
 class Spec:
     """One generated task: what the agent is told, what it finds, what must hold after."""
@@ -115,7 +122,7 @@ class Spec:
 
 
 def solve_script(*commands: str) -> str:
-    return "#!/bin/bash\nset -e\ncd /app\n" + "\n".join(commands) + "\n"
+    return f"#!/bin/bash\nset -e\ncd {WORKDIR}\n" + "\n".join(commands) + "\n"
 
 
 def workdir_path(name: str) -> str:
@@ -145,7 +152,7 @@ def write_task(spec: Spec, path: Path) -> None:
     if spec.calls:
         module = next(iter(spec.calls)).split(".")[0]
         calls, expected = list(spec.calls), list(spec.calls.values())
-        test = FUNCTION_CHECK.read_text() + CALLS_TEST_PY.format(
+        test = function_check() + CALLS_TEST_PY.format(
             module=module, calls=calls, expected=expected
         )
     else:
