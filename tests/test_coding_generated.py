@@ -74,11 +74,8 @@ def test_every_function_task_runs_the_candidate_with_the_one_shared_check():
 
     shared = runner(FUNCTION_CHECK.read_text())
     assert len(shared) == 2
-    written = [
-        test.read_text()
-        for test in TASKS.glob("*/tests/test_task.py")
-        if "def evaluate" in test.read_text()
-    ]
+    tests = (test.read_text() for test in TASKS.glob("*/tests/test_task.py"))
+    written = [test for test in tests if "def evaluate" in test]
     assert len(written) >= 20
     assert all(runner(test) == shared for test in written)
 

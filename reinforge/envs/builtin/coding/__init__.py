@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import shutil
 import tempfile
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,8 @@ def load_environment(
     return load_harbor(TASKS, name="coding", train_only=paths, **kwargs)
 
 
+@cache
 def written_names() -> frozenset[str]:
-    """Every path and function that a written task's instruction names, train or test."""
+    """Every path and function that a written task's instruction names, train or test:
+    read once a process, however many environments it loads."""
     return frozenset().union(*(named(t.read_text()) for t in TASKS.glob("*/instruction.md")))
