@@ -14,10 +14,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from reinforge.sandbox import _helper as wire
-from reinforge.sandbox.protocol import SandboxError
+from reinforge.sandbox.protocol import DEFAULT_PATH, SandboxError
 
 INIT_SCRIPT = str(Path(wire.__file__).resolve())
 SPAWN_TIMEOUT_S = 30.0  # the first request waits for the zygote's Python to start
+HELPER_ENV_KEPT = ("LD_LIBRARY_PATH",)
+"""The only variables of the manager's environment the helper gets: the interpreter may
+need them to start. Every sandbox process descends from the helper, and its read and
+write builtins run without an exec, so whatever else the trainer's environment holds
+(tracker, judge or cloud keys) would be readable in their /proc entries."""
+
+
+def helper_env() -> dict[str, str]:
+    """The helper's whole environment: a command's own comes from its request."""
+    kept = {k: os.environ[k] for k in HELPER_ENV_KEPT if k in os.environ}
+    return {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", **kept}
 
 
 class Channel:
@@ -123,6 +134,7 @@ class Zygote:
                 [sys.executable, "-I", "-S", INIT_SCRIPT, str(theirs.fileno()), str(os.getpid())],
                 stdin=subprocess.DEVNULL,
                 pass_fds=[theirs.fileno()],
+                env=helper_env(),
             )
         finally:
             theirs.close()

@@ -388,3 +388,40 @@ def test_sigkilled_parent_leaves_nothing_after_the_next_start(tmp_path) -> None:
     assert list(state.iterdir()) == []
     assert not [pid for pid in started["pids"] if host_pid_alive(pid)]
     assert not [g for g in started["groups"] if Path(g).exists()]
+
+
+SECRET_SCAN = """
+read -r secret
+found=
+for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do
+  text=$(tr '\\0' '\\n' <"$f" 2>/dev/null)
+  case "$text" in *"$secret"*) found="$found $f" ;; esac
+done
+case "$(env)" in *"$secret"*) found="$found exec-env" ;; esac
+echo "found:$found"
+"""
+"""Lists each process entry that holds the secret; it comes on stdin and is matched by
+the shell itself, so no argv in the scan holds it."""
+
+
+async def test_no_variable_of_the_host_process_reaches_any_sandbox_process(tmp_path) -> None:
+    # The trainer's environment holds tracker, judge and cloud keys: a sandbox process must
+    # not read them, neither in its own environment nor in another process's /proc entry,
+    # including the read and write helpers (kept blocked on a FIFO while the scan runs).
+    marker = "planted-trainer-secret-9f3b"
+    os.environ["REINFORGE_TEST_PLANTED_SECRET"] = marker
+    try:
+        provider = LocalProvider(state_dir=tmp_path / "state")  # its helper starts now
+        async with await provider.create() as sandbox:
+            await sandbox.exec("mkfifo /tmp/in /tmp/out")
+            reading = asyncio.create_task(sandbox.read_files(["/tmp/in"]))
+            writing = asyncio.create_task(sandbox.write_files({"/tmp/out": b"x"}))
+            await asyncio.sleep(0.5)  # both helpers are now blocked in open()
+            scan = await sandbox.exec(SECRET_SCAN, stdin=marker.encode() + b"\n")
+            assert scan.stdout == b"found:\n", scan
+            await sandbox.exec("echo done >/tmp/in & cat /tmp/out >/dev/null")
+            assert (await reading)["/tmp/in"] == b"done\n"
+            await writing
+        await provider.aclose()
+    finally:
+        del os.environ["REINFORGE_TEST_PLANTED_SECRET"]
