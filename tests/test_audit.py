@@ -7,6 +7,7 @@ import shutil
 import subprocess
 
 from reinforge.cli import main
+from reinforge.envs import harbor_verify
 from reinforge.envs.builtin.coding import TASKS
 from reinforge.envs.exploits import EXPLOITS
 from reinforge.envs.harbor import load_environment
@@ -131,8 +132,117 @@ async def test_a_full_disk_leaves_test_sh_room_for_a_plain_0():
     assert report.exploits[0].rewards == {"fix-median-bug": 0.0}
 
 
+async def audit_one(exploit_name, task):
+    """The audit of one task by one exploit, checked sound: oracle 1, nop 0, no errors."""
+    (exploit,) = [e for e in EXPLOITS if e.name == exploit_name]
+    report = await audit(load_environment(task), [exploit], 1, RolloutConfig(concurrency=3))
+    assert report.broken == {} and report.exploits[0].errors == {}
+    return report
+
+
+async def hacked_only_when_weakened(exploit_name, weakened, sound):
+    """The exploit scores on `weakened` and 0 on `sound`."""
+    hacked = await audit_one(exploit_name, weakened)
+    assert [e.name for e in hacked.hacked] == [exploit_name]
+    defended = await audit_one(exploit_name, sound)
+    assert defended.hacked == [] and list(defended.exploits[0].rewards.values()) == [0.0]
+
+
+async def test_tests_read_while_graded_hack_a_task_whose_tests_the_candidate_can_read(tmp_path):
+    """The candidate replays the hidden tests in its own process to learn what they expect.
+    The verifier leaves /tests to root alone; a copy whose test.sh opens them up is hacked."""
+    bundled = TASKS / "fix-add-operator"
+    readable = tmp_path / "fix-add-operator"
+    shutil.copytree(bundled, readable)
+    test_sh = readable / "tests" / "test.sh"
+    test_sh.write_text("chmod -R a+rX /tests\n" + test_sh.read_text())
+    await hacked_only_when_weakened("read-tests-while-graded", readable, bundled)
+
+
+async def test_a_shadowed_optional_import_hacks_a_grader_that_keeps_it(monkeypatch):
+    """word-frequency-script's test process (root) appends /app to sys.path, then imports
+    subprocess, which tries `import msvcrt`: the verifier deletes such modules from the
+    workspace; with that step gone the agent's msvcrt.py runs as root."""
+    task = TASKS / "word-frequency-script"
+    with monkeypatch.context() as weakened:
+        weakened.setattr(harbor_verify, "ABSENT_STDLIB", "")
+        hacked = await audit_one("shadow-optional-import", task)
+        assert [e.name for e in hacked.hacked] == ["shadow-optional-import"]
+    defended = await audit_one("shadow-optional-import", task)
+    assert defended.hacked == []
+
+
+async def test_a_bash_env_into_the_workspace_hacks_a_grader_that_keeps_it(tmp_path, monkeypatch):
+    """The image points BASH_ENV at a file in the workspace: bash would source the agent's
+    version before test.sh. The verifier blanks such variables."""
+    task = tmp_path / "bash-env"
+    for sub in ("environment", "tests", "solution"):
+        (task / sub).mkdir(parents=True)
+    (task / "task.toml").write_text("")
+    (task / "instruction.md").write_text("Write done.txt.\n")
+    (task / "environment" / "Dockerfile").write_text(
+        "FROM python:3.11-slim\nWORKDIR /app\nENV BASH_ENV=/app/.bash_env\n"
+    )
+    (task / "solution" / "solve.sh").write_text("echo done > /app/done.txt\n")
+    (task / "tests" / "test.sh").write_text(
+        "[ -f /app/done.txt ] && echo 1 > /logs/verifier/reward.txt"
+        " || echo 0 > /logs/verifier/reward.txt\n"
+    )
+    with monkeypatch.context() as weakened:
+        weakened.setattr(harbor_verify, "UNSAFE_NAMES", frozenset())
+        hacked = await audit_one("bash-env", task)
+        assert [e.name for e in hacked.hacked] == ["bash-env"]
+    defended = await audit_one("bash-env", task)
+    assert defended.hacked == []
+
+
 def test_audit_usage_errors(capsys):
     assert main(["audit", "arithmetic"]) == 2
     assert "is not a Harbor environment" in capsys.readouterr().err
     assert main(["audit", "coding", "--exploit", "no-such-hack"]) == 2
     assert "unknown exploit 'no-such-hack'" in capsys.readouterr().err
+
+
+def test_a_task_whose_oracle_fails_is_broken_not_clean(tmp_path):
+    task = tmp_path / "unsolvable"
+    for sub in ("environment", "tests", "solution"):
+        (task / sub).mkdir(parents=True)
+    (task / "task.toml").write_text("")
+    (task / "instruction.md").write_text("Write done.txt.\n")
+    (task / "environment" / "Dockerfile").write_text("FROM python:3.11-slim\nWORKDIR /app\n")
+    (task / "solution" / "solve.sh").write_text("echo done > /app/wrong.txt\n")
+    (task / "tests" / "test.sh").write_text(
+        "[ -f /app/done.txt ] && echo 1 > /logs/verifier/reward.txt"
+        " || echo 0 > /logs/verifier/reward.txt\n"
+    )
+    out = tmp_path / "audit.json"
+    result = reinforge("audit", str(task), "--exploit", "delete-tests", "--json", str(out))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "BROKEN task unsolvable: the oracle scored 0.0 (expect 1)" in result.stdout
+    assert "clean" not in result.stdout.replace("not clean", "")
+    report = json.loads(out.read_text())
+    assert report["hacked"] == 0 and list(report["broken"]) == ["unsolvable"]
+
+
+USER_EXPLOIT = """\
+NAME = "replay-solution"
+
+
+def exploit(task):
+    # A script made for this task: here, the task's own solution, which must score.
+    return (task.path / "solution" / "solve.sh").read_text()
+"""
+
+
+def test_a_users_exploit_file_gives_a_script_per_task(tmp_path, capsys):
+    mine = tmp_path / "mine.py"
+    mine.write_text(USER_EXPLOIT)
+    task = str(TASKS / "fix-add-operator")
+    args = ["audit", task, "--exploit-file", str(mine), "--exploit", "replay-solution"]
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert "HACKED by replay-solution: fix-add-operator" in out
+    assert "rewrite-tests" not in out  # --exploit picks among the built-ins and files alike
+    (tmp_path / "empty.py").write_text("x = 1\n")
+    assert main(["audit", task, "--exploit-file", str(tmp_path / "empty.py")]) == 2
+    assert "no function exploit(task)" in capsys.readouterr().err

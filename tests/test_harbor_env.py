@@ -135,7 +135,7 @@ CHECK_CLEAN = """\
     [ -e /root/.local/fake ] && fail "the agent's home came along"
     [ -z "$PYTHONPATH" ] || fail "PYTHONPATH=$PYTHONPATH"
     [ "$(command -v python3)" = /usr/bin/python3 ] || fail "python3 is $(command -v python3)"
-    [ "$PYTHONSAFEPATH" = 1 ] || fail "PYTHONSAFEPATH unset"
+    [ -z "$PYTHONSAFEPATH" ] || fail "PYTHONSAFEPATH=$PYTHONSAFEPATH"
     python3 -c 'import socket; socket.create_connection(("192.0.2.1", 9), 2)' 2>/dev/null \
       && fail "the verifier has a network"
     echo 1 > /logs/verifier/reward.txt
@@ -293,3 +293,85 @@ async def test_simple_hacks_score_0_on_the_bundled_tasks(task_id, path, content)
         assert (await env.rubric.score([episode]))[0].total == 0.0
     finally:
         await env.aclose()
+
+
+CWD_IMPORT_TEST = """\
+import unittest
+
+import calc
+
+
+class Add(unittest.TestCase):
+    def test_add(self):
+        self.assertEqual(calc.add(2, 3), 5)
+"""
+
+
+async def test_tests_that_import_the_agents_module_from_the_working_directory_pass(tmp_path):
+    """A common Harbor pattern: `cd /app && python3 -m unittest`, the test importing the
+    agent's module because `-m` puts the working directory first. The oracle scores 1,
+    as under Harbor's own runner, and the nop agent 0."""
+    path = write_task(
+        tmp_path,
+        "cwd-import",
+        """\
+        cd /app
+        if python3 -m unittest discover -s /tests -p 'test_*.py'; then
+          echo 1 > /logs/verifier/reward.txt
+        else
+          echo 0 > /logs/verifier/reward.txt
+        fi
+        """,
+        dockerfile="FROM python:3.11-slim\nWORKDIR /app\nCOPY calc.py /app/calc.py\n",
+        solve_sh="echo 'def add(a, b): return a + b' > /app/calc.py\n",
+    )
+    (path / "environment" / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (path / "tests" / "test_calc.py").write_text(CWD_IMPORT_TEST)
+    for agent, reward in (("oracle", 1.0), ("nop", 0.0)):
+        (trajectory,) = await run_all(load_environment(str(path), agent=agent))
+        assert trajectory.reward == reward, trajectory.info.get("verifier_output")
+
+
+HIDDEN_CHECK = """\
+import subprocess
+import sys
+
+# expected-answer-4711: in this file, in answers.txt and in test.sh
+PROBE = '''
+import glob
+marker = "expected-" + "answer-4711"
+for path in glob.glob("/tests/*") + glob.glob("/proc/[0-9]*/cmdline"):
+    try:
+        with open(path, errors="replace") as f:
+            if marker in f.read():
+                print(path)
+    except OSError:
+        pass
+'''
+probe = [sys.executable, "-I", "-c", PROBE]
+seen = subprocess.run(probe, user=65534, group=65534, extra_groups=[], capture_output=True,
+                      text=True, cwd="/tmp").stdout
+print("seen:", seen.split())
+sys.exit(1 if seen.strip() else 0)
+"""
+
+
+async def test_the_tests_are_unreadable_to_the_candidates_user(tmp_path):
+    """The tests stay root's while they run: a candidate run as nobody reads neither the
+    files under /tests nor test.sh's text from any process's command line."""
+    path = write_task(
+        tmp_path,
+        "hidden",
+        """\
+        # expected-answer-4711
+        if python3 -I /tests/check_hidden.py; then
+          echo 1 > /logs/verifier/reward.txt
+        else
+          echo 0 > /logs/verifier/reward.txt
+        fi
+        """,
+    )
+    (path / "tests" / "answers.txt").write_text("expected-answer-4711\n")
+    (path / "tests" / "check_hidden.py").write_text(HIDDEN_CHECK)
+    (trajectory,) = await run_all(load_environment(str(path), agent="nop"))
+    assert trajectory.reward == 1.0, trajectory.info.get("verifier_output")

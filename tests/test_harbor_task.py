@@ -274,15 +274,17 @@ def test_only_the_workspace_crosses_to_the_verifier():
 def test_the_verifier_env_drops_what_could_redirect_python(tmp_path):
     tests = tmp_path / "tests"
     tests.mkdir()
-    image_env = {"PYTHONPATH": "/app", "LANG": "C", "LD_PRELOAD": "x"}
+    image_env = {"PYTHONPATH": "/app", "LANG": "C", "LD_PRELOAD": "x", "APP_DIR": "/app"}
+    image_env |= {"BASH_ENV": "/app/.env.sh", "ENV": "/app/.profile", "NODE_OPTIONS": "-r x"}
     image_env["PATH"] = "/app/bin:/opt/venv/bin:relative:/usr/bin"
     env = verifier_env({"MODE": "strict"}, image_env, tests, "/app")
     assert (
         env["PATH"] == "/opt/venv/bin:/usr/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/sbin:/bin"
     )
     assert env["PYTHONPATH"] == "" and env["LD_PRELOAD"] == ""  # blanked: an image has them
-    assert env["LANG"] == "C" and env["MODE"] == "strict"
-    assert env["PYTHONSAFEPATH"] == "1" and env["PYTHONNOUSERSITE"] == "1"
+    assert env["BASH_ENV"] == env["ENV"] == env["NODE_OPTIONS"] == ""
+    assert env["LANG"] == "C" and env["MODE"] == "strict" and env["APP_DIR"] == "/app"
+    assert env["PYTHONNOUSERSITE"] == "1" and "PYTHONSAFEPATH" not in env
     assert "-c /dev/null --rootdir=/tests" in env["PYTEST_ADDOPTS"]
     (tests / "pytest.ini").write_text("[pytest]\n")
     assert "-c /tests/pytest.ini" in verifier_env({}, {}, tests, "/app")["PYTEST_ADDOPTS"]

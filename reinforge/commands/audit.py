@@ -1,6 +1,7 @@
 """`reinforge audit`: play known reward hacks against a Harbor environment's grader.
 
-Exit code 0 when no exploit scored above 0 on any task, `HACKED_EXIT` when one did.
+Exit code 0 when no exploit scored above 0 on any task and every task is sound (its
+oracle scores 1, doing nothing 0); `FAILED_EXIT` when an exploit scored or a task is broken.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from reinforge.errors import UsageError
 
-HACKED_EXIT = 1
+FAILED_EXIT = 1
 CONCURRENCY = 8
 """Rollouts in flight across all agents: each runs two sandboxes in turn, and `fill-disk`
 fills a task's whole `storage_mb` in memory-backed storage."""
@@ -32,6 +33,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run only this exploit (repeatable; default: all of them)",
     )
     parser.add_argument(
+        "--exploit-file",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="PATH",
+        help="add your own exploit: a .py file whose exploit(task) returns a bash script "
+        "(its NAME, else the file's stem, is what --exploit selects)",
+    )
+    parser.add_argument(
         "--concurrency",
         type=int,
         default=CONCURRENCY,
@@ -47,13 +57,15 @@ def run(args: argparse.Namespace) -> int:
     from reinforge.envs.registry import load_environment
     from reinforge.rollout.config import RolloutConfig
 
-    by_name = {e.name: e for e in EXPLOITS}
+    by_name = {e.name: e for e in EXPLOITS} | {
+        e.name: e for e in map(_from_file, args.exploit_file)
+    }
     unknown = [name for name in args.exploit or [] if name not in by_name]
     if unknown:
         raise UsageError(f"unknown exploit {unknown[0]!r}; one of {', '.join(by_name)}")
     if (args.tasks is not None and args.tasks < 1) or args.concurrency < 1:
         raise UsageError("--tasks and --concurrency take a number >= 1")
-    exploits = [by_name[name] for name in args.exploit] if args.exploit else list(EXPLOITS)
+    exploits = [by_name[name] for name in args.exploit] if args.exploit else list(by_name.values())
     env = load_environment(args.env)
     if not isinstance(env, HarborEnvironment):
         raise UsageError(
@@ -67,7 +79,18 @@ def run(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report.to_json(), indent=2) + "\n")
     _print(report)
-    return HACKED_EXIT if report.hacked else 0
+    return FAILED_EXIT if report.hacked or report.broken else 0
+
+
+def _from_file(path: Path) -> Any:
+    """A user's exploit: the file's `exploit(task)` gives the bash script for a task."""
+    from reinforge.envs.harbor_agents import ScriptAgent
+    from reinforge.envs.registry import load_user_file
+
+    module = load_user_file(path, "exploit", "exploit")
+    if not callable(getattr(module, "exploit", None)):
+        raise UsageError(f"{path}: no function exploit(task) returning a bash script")
+    return ScriptAgent(str(getattr(module, "NAME", path.stem)), module.exploit)
 
 
 async def _audit(env: Any, exploits: list[Any], num_tasks: int, config: Any) -> Any:
@@ -112,9 +135,12 @@ def _print(report: Any) -> None:
         first = error.strip().splitlines()[0][:200] if error.strip() else error
         console.print(f"{agent.name} errored on {len(agent.errors)} task(s); {task}: {first}")
     console.print(f"{len(report.exploits)} exploits in {report.wall_s:.1f} s")
-    if report.hacked:
-        for exploit in report.hacked:
-            tasks = ", ".join(exploit.tasks_hacked)
-            console.print(f"[bold red]HACKED[/] by {exploit.name}: {tasks}")
-    else:
+    for task, reason in report.broken.items():
+        console.print(f"[bold red]BROKEN[/] task {task}: {reason}")
+    for exploit in report.hacked:
+        tasks = ", ".join(exploit.tasks_hacked)
+        console.print(f"[bold red]HACKED[/] by {exploit.name}: {tasks}")
+    if report.broken:
+        console.print("not clean: a broken task's exploit scores say nothing; fix it first")
+    elif not report.hacked:
         console.print("clean: no exploit scored")

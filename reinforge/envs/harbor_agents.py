@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from reinforge.envs.episode import Episode
@@ -28,10 +29,14 @@ ORACLE_ANSWER = "I ran the commands above; the task is done."
 @dataclass(frozen=True)
 class ScriptAgent:
     """An agent that is one bash script, run in the workdir of the agent's sandbox with the
-    image's ENV: no model, no tools, graded like any other agent."""
+    image's ENV: no model, no tools, graded like any other agent. `script` is the script,
+    or gives one for each task (a user's exploit that reads the task's files)."""
 
     name: str
-    script: str
+    script: str | Callable[[HarborTask], str]
+
+    def script_for(self, task: HarborTask) -> str:
+        return self.script if isinstance(self.script, str) else self.script(task)
 
 
 async def play_oracle(
@@ -72,7 +77,7 @@ async def play_oracle(
 
 async def play_script(agent: ScriptAgent, task: HarborTask, episode: Episode) -> None:
     sandbox: PooledSandbox = episode.resources[SANDBOX]
-    result = await sandbox.exec(["bash", "-c", agent.script], env=task.env)
+    result = await sandbox.exec(["bash", "-c", agent.script_for(task)], env=task.env)
     _keep_output(episode, "script", result)
 
 

@@ -81,11 +81,56 @@ there as a link or as anything but a regular file."""
 VERIFIER_ENV = {
     "PATH": DEFAULT_PATH,  # system directories only: no fake python3 from the workspace
     "HOME": "/root",  # a fresh, empty home: no ~/.local site-packages or .pth files
-    "PYTHONSAFEPATH": "1",  # `python -m pytest` does not put the cwd (the workspace) first
     "PYTHONNOUSERSITE": "1",  # a workspace under /root cannot act as the user site
     "PYTHONDONTWRITEBYTECODE": "1",
 }
-"""The base of the verifier's whole environment (see `verifier_env`)."""
+"""The base of the verifier's whole environment (see `verifier_env`). It leaves python's
+own rules for `sys.path` alone (no `PYTHONSAFEPATH`): a Harbor test that runs
+`cd /app && python3 -m unittest ...` imports the agent's module from the working
+directory, and must do so here as under Harbor's own runner."""
+
+UNSAFE_PREFIXES = ("PATH", "PYTHON", "LD_", "PYTEST_", "BASH_FUNC_", "PERL", "RUBY", "NODE_")
+UNSAFE_NAMES = frozenset(
+    "BASH_ENV ENV SHELLOPTS BASHOPTS PS4 CDPATH GLOBIGNORE GCONV_PATH "
+    "JAVA_TOOL_OPTIONS _JAVA_OPTIONS JDK_JAVA_OPTIONS".split()
+)
+"""Variables of the image's ENV that make bash, python, the loader or another interpreter
+load code or change what runs: an image that points one into the workspace (`BASH_ENV=
+/app/.env.sh`) would run the agent's file in `test.sh`, so each is blanked."""
+
+ABSENT_STDLIB = r"""
+import importlib.machinery, importlib.util, os, shutil, sys
+workdir, keep = sys.argv[1], set(sys.argv[2:])
+absent = set()
+for name in sys.stdlib_module_names:
+    try:
+        if importlib.util.find_spec(name) is None:
+            absent.add(name)
+    except (ImportError, ValueError):
+        absent.add(name)
+suffixes = tuple(importlib.machinery.all_suffixes())
+for root, dirs, files in os.walk(workdir):
+    for name in [d for d in dirs if d in absent]:
+        dirs.remove(name)
+        if os.path.join(root, name) not in keep:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    for name in files:
+        path = os.path.join(root, name)
+        if name.endswith(suffixes) and name.split(".")[0] in absent and path not in keep:
+            os.remove(path)
+"""
+"""Deletes every module or package in the workspace named like a standard-library module
+that this python lacks (`msvcrt`, `_winapi`, `winreg` on Linux). The standard library
+tries such optional imports itself (`subprocess` tries `msvcrt`), so a test that put the
+workspace on `sys.path`, even after the standard library, would run the agent's file as
+root. No sound task ships one: on this platform no such module exists."""
+
+
+RUN_TEST_SH = 'script=$(cat) && exec </dev/null && eval "$script"'
+"""How bash runs `test.sh`: its text comes on stdin and is held in bash's memory, so code
+that test.sh runs cannot change what runs next by editing the file, and no command line
+shows the text (another uid can read a process's argv in /proc, not its memory). stdin is
+then /dev/null, as for any command, so the candidate cannot read the script from it."""
 
 PYTEST_CONFIGS = ("pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg")
 PLANTED = ("conftest.py", "sitecustomize.py", "usercustomize.py", "*.pth")
@@ -173,8 +218,9 @@ def tests_tar(tests_dir: Path) -> bytes:
 def neutralise_script(workdir: str, shipped: set[str]) -> str:
     """Shell run in the verifier sandbox before the tests: delete what the agent planted in
     the workspace that a python/pytest verifier would load (conftest.py, sitecustomize,
-    usercustomize, .pth, a shadowing pytest/unittest package or module), keeping files the
-    task's own environment shipped. Pytest config files in the workspace are ignored by
+    usercustomize, .pth, a shadowing pytest/unittest package or module, a module named
+    like an absent standard-library one: `ABSENT_STDLIB`), keeping files the task's own
+    environment shipped. Pytest config files in the workspace are ignored by
     pointing pytest at the tests' own config (or none) through PYTEST_ADDOPTS."""
     names = " -o ".join(f"-name {shlex.quote(n)}" for n in PLANTED)
     shadows = "pytest _pytest unittest py pluggy".split()
@@ -183,9 +229,11 @@ def neutralise_script(workdir: str, shipped: set[str]) -> str:
     )
     keep = " ".join(f"! -path {shlex.quote(p)}" for p in sorted(shipped))
     w = shlex.quote(workdir)
+    absent_args = " ".join(shlex.quote(a) for a in (ABSENT_STDLIB, workdir, *sorted(shipped)))
     return (
         f"find {w} \\( {names} \\) {keep} -exec rm -rf {{}} + 2>/dev/null; "
         f"find {w} -maxdepth 1 \\( {shadow_names} \\) {keep} -exec rm -rf {{}} + 2>/dev/null; "
+        f"! command -v python3 >/dev/null || (cd / && python3 -I -S -c {absent_args}) || exit 1; "
         "true"
     )
 
@@ -208,12 +256,15 @@ def verifier_env(
     tests_path: str = TESTS_DIR,
 ) -> dict[str, str]:
     """The verifier's environment: `VERIFIER_ENV`, the pytest options for these tests, the
-    task's `[verifier] env`, and the image's ENV with what could redirect python blanked
-    (a container has the image's ENV already; an empty value is an unset one to python and
-    the loader). The image's PATH directories outside the workdir come before the system
+    task's `[verifier] env`, and the image's ENV with what could make an interpreter load
+    the agent's code blanked (`UNSAFE_PREFIXES`, `UNSAFE_NAMES`; a container has the
+    image's ENV already, and an empty value is an unset one to bash, python and the
+    loader). The image's PATH directories outside the workdir come before the system
     ones: the workdir holds what the agent left, the rest is the pristine image."""
-    unsafe = ("PATH", "PYTHON", "LD_", "PYTEST_")
-    env = {k: "" if k.startswith(unsafe) else v for k, v in image_env.items()}
+    env = {
+        k: "" if k.startswith(UNSAFE_PREFIXES) or k in UNSAFE_NAMES else v
+        for k, v in image_env.items()
+    }
     env.update(VERIFIER_ENV)
     image_dirs = [
         d
@@ -249,10 +300,16 @@ async def run_verifier(
         if not setup.ok:
             raise VerifierError(f"verifier setup failed: {setup.stderr[-500:]!r}")
         await sandbox.upload_tar(tests_tar(tests_dir), TESTS_DIR)
-        # bash gets the script's text: code that test.sh runs cannot change what runs next.
-        script = (tests_dir / "test.sh").read_text()
+        hide = await sandbox.exec(["chmod", "-R", "go-rwx", TESTS_DIR], timeout=60)
+        if not hide.ok:
+            raise VerifierError(f"could not hide the tests: {hide.stderr[-500:]!r}")
+        script = (tests_dir / "test.sh").read_bytes()
         result = await sandbox.exec(
-            ["bash", "-c", script, f"{TESTS_DIR}/test.sh"], cwd=workdir, env=env, timeout=timeout_s
+            ["bash", "-c", RUN_TEST_SH, f"{TESTS_DIR}/test.sh"],
+            cwd=workdir,
+            env=env,
+            timeout=timeout_s,
+            stdin=script,
         )
         output = (result.stdout + result.stderr).decode(errors="replace")[-4000:]
         if result.timed_out:

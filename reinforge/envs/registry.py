@@ -16,6 +16,7 @@ from dataclasses import replace
 from functools import partial
 from importlib.metadata import entry_points
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from reinforge.envs.config import EnvConfig
@@ -82,9 +83,16 @@ def _factory(spec: str) -> Callable[..., Any]:
 
 
 def _from_file(path: Path) -> Callable[..., Any]:
+    module = load_user_file(path, "environment", "env")
+    return _attribute(module, FILE_FUNCTION, str(path))
+
+
+def load_user_file(path: Path, what: str, prefix: str) -> ModuleType:
+    """A user's Python file as the module `reinforge_user_{prefix}_{stem}`: a missing file,
+    or one that raises as it loads, is one line saying where."""
     if not path.is_file():
-        raise UsageError(f"no environment file at {path}")
-    name = f"reinforge_user_env_{path.stem}"
+        raise UsageError(f"no {what} file at {path}")
+    name = f"reinforge_user_{prefix}_{path.stem}"
     module_spec = importlib.util.spec_from_file_location(name, path)
     assert module_spec is not None and module_spec.loader is not None
     module = importlib.util.module_from_spec(module_spec)
@@ -92,8 +100,8 @@ def _from_file(path: Path) -> Callable[..., Any]:
     try:
         module_spec.loader.exec_module(module)
     except Exception as error:  # the user's file: say where, not a traceback
-        raise UsageError(f"cannot load environment file {path}: {describe(error)}") from error
-    return _attribute(module, FILE_FUNCTION, str(path))
+        raise UsageError(f"cannot load {what} file {path}: {describe(error)}") from error
+    return module
 
 
 def _attribute(module: Any, attribute: str, spec: str) -> Callable[..., Any]:

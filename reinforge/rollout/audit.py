@@ -69,11 +69,29 @@ class AuditReport:
         """The exploits that scored above 0 on at least one task."""
         return [e for e in self.exploits if e.tasks_hacked]
 
+    @property
+    def broken(self) -> dict[str, str]:
+        """Why each broken task is broken: its oracle did not score 1, or doing nothing
+        did not score 0. An exploit's 0 on such a task proves nothing, so the audit of it
+        cannot be clean."""
+        reasons: dict[str, str] = {}
+        for task in self.tasks:
+            if task in self.oracle.errors:
+                reasons[task] = f"the oracle errored: {_first_line(self.oracle.errors[task])}"
+            elif self.oracle.rewards.get(task) != 1.0:
+                reasons[task] = f"the oracle scored {self.oracle.rewards.get(task)} (expect 1)"
+            elif task in self.nop.errors:
+                reasons[task] = f"the nop agent errored: {_first_line(self.nop.errors[task])}"
+            elif self.nop.rewards.get(task) != 0.0:
+                reasons[task] = f"the nop agent scored {self.nop.rewards.get(task)} (expect 0)"
+        return reasons
+
     def to_json(self) -> dict[str, Any]:
         return {
             "environment": self.environment,
             "tasks": self.tasks,
             "hacked": len(self.hacked),
+            "broken": self.broken,
             "exploits": [
                 {
                     "name": e.name,
@@ -91,6 +109,11 @@ class AuditReport:
             "nop_errors": len(self.nop.errors),
             "wall_s": self.wall_s,
         }
+
+
+def _first_line(error: str) -> str:
+    lines = error.strip().splitlines()
+    return lines[0][:200] if lines else error
 
 
 async def audit(
