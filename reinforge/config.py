@@ -4,7 +4,8 @@ one way to load them: a TOML file plus dotted `key=value` overrides.
 `reinforge train` and `reinforge sft` read `Config`, `reinforge eval` reads `EvalConfig`,
 `reinforge serve` reads `ServeConfig`; a section that appears in several trees is the same
 class with the same defaults. Unknown keys and wrong types are one clear message
-(`UsageError`), never a traceback.
+(`UsageError`), never a traceback, and so is a key of its tree that a command does not read
+(`UNREAD`) when the command line sets it.
 """
 
 from __future__ import annotations
@@ -104,6 +105,85 @@ class ServeConfig(Section):
 
 
 Root = TypeVar("Root", bound=Section)
+
+_SAMPLES_NOTHING = "not read by sft, which samples nothing"
+_RL_ONLY = "not read by sft, which trains on no rewards"
+_EVAL_ONLY = "read by `reinforge eval` only, for a model served at a URL"
+_CALIBRATED = "not read by sim predict: the profile measured it (give it to sim calibrate)"
+
+UNREAD: dict[str, dict[str, str | None]] = {
+    "train": {"sft": "read by `reinforge sft` only", "model.served_name": _EVAL_ONLY},
+    "sft": {
+        "run.steps": "sft takes its steps from the data: set sft.epochs or sft.batch_size",
+        "model.engine": _SAMPLES_NOTHING,
+        "model.served_name": _SAMPLES_NOTHING,
+        "engine": _SAMPLES_NOTHING,
+        "env": _SAMPLES_NOTHING,
+        "rollout": _SAMPLES_NOTHING,
+        "loop": _SAMPLES_NOTHING,
+        "distill": _SAMPLES_NOTHING,
+        "cluster.engine": _SAMPLES_NOTHING,
+        "trainer.algorithm.advantage": _RL_ONLY,
+        "trainer.truncated": _RL_ONLY,
+        "trainer.truncation_penalty": _RL_ONLY,
+        "trainer.uniform_groups": _RL_ONLY,
+    },
+    "serve": {"model.served_name": _EVAL_ONLY},
+    "sim calibrate": {
+        "": "not read by sim calibrate",
+        "model": None,
+        "model.served_name": _EVAL_ONLY,
+        "engine": None,
+        "trainer": None,
+        "optim": None,
+        "loop.mode": None,
+        "rollout.sampling": None,
+        "sim.profile": None,
+        "sim.calibration": None,
+    },
+    "sim predict": {
+        "": "not read by sim predict",
+        "model": _CALIBRATED,
+        "model.name": None,
+        "model.served_name": _EVAL_ONLY,
+        "model.engine": None,
+        "engine": _CALIBRATED,
+        "engine.dtype": None,
+        "engine.max_batch": None,
+        "engine.admit_group": None,
+        "engine.admit_wait_steps": None,
+        "trainer": _CALIBRATED,
+        "trainer.truncated": None,
+        "trainer.truncation_penalty": None,
+        "optim": _CALIBRATED,
+        "env.max_tokens_per_turn": None,
+        "rollout.tasks_per_step": None,
+        "rollout.rollouts_per_task": None,
+        "rollout.concurrency": None,
+        "loop.mode": "sim predict simulates the modes of sim.modes (--mode)",
+        "loop.max_staleness": None,
+        "loop.uniform_redraws": None,
+        "sim": None,
+        "sim.calibration": "read by sim calibrate only",
+    },
+}
+"""Keys of its tree that a command does not read, by dotted prefix, each with what to tell
+a user who sets one. The longest listed prefix of a key decides: a reason means unread,
+None read ("" is every key); a key of no listed prefix is read. The command line refuses an
+unread key (an override or a flag) rather than ignore it; a config file may hold one, so
+that one file serves train, sft and sim."""
+
+
+def unread(command: str, key: str) -> str | None:
+    """Why `command` (`UNREAD`'s name for it) does not read the dotted `key`; None when it
+    does."""
+    rules = UNREAD.get(command, {})
+    parts = key.split(".")
+    for end in range(len(parts), -1, -1):
+        prefix = ".".join(parts[:end])
+        if prefix in rules:
+            return rules[prefix]
+    return None
 
 
 def load_config(

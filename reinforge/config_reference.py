@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from reinforge.config import Config, EvalConfig, ServeConfig
+from reinforge.config import UNREAD, Config, EvalConfig, ServeConfig
 from reinforge.sim.config import SimConfig
 
 ROOTS: list[tuple[str, type[BaseModel]]] = [
@@ -33,8 +33,19 @@ and dotted `key=value` overrides (values in TOML syntax: `run.steps=40`,
 `env.args.difficulty=2`, `engine.dtype="bfloat16"`); an unknown key or a wrong type is one
 line on stderr and exit code 2. A section that appears in several trees is the same class
 with the same defaults. Variants (`kind = ...`) are chosen by their `kind`; an override
-that names no kind keeps the default variant.
+that names no kind keeps the default variant. An override or a flag of a key the command
+does not read is refused the same way (the last section lists them).
 """
+
+UNREAD_HEADER = """
+## Keys a command does not read
+
+Set by an override or a flag, each is refused in one line naming it, with the reason below;
+a config file may hold it, so that one file serves train, sft and sim. The longest prefix
+listed for a command decides; every key of no listed prefix is read.
+
+| command | key | |
+|---|---|---|"""
 
 
 def reference() -> str:
@@ -42,6 +53,11 @@ def reference() -> str:
     for title, root in ROOTS:
         parts.append(f"\n## `{title}`: `{root.__name__}`")
         parts.extend(_section(root, ""))
+    parts.append(UNREAD_HEADER)
+    for command, rules in UNREAD.items():
+        for prefix, why in rules.items():
+            key = f"`{prefix}`" if prefix else "(any key)"
+            parts.append(f"| `reinforge {command}` | {key} | {why or 'read'} |")
     return "\n".join(parts)
 
 

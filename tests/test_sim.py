@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from reinforge.cli import main
 from reinforge.config import load_config
 from reinforge.sim.config import MODES, Layout, LoopShape, SimConfig
 from reinforge.sim.pipeline import Simulation
@@ -324,6 +325,14 @@ def test_calibrate_then_predict_through_the_command(tmp_path: Path):
     assert measured.trainer.tokens_per_s > 0 and measured.model == "tiny-random"
 
     done = reinforge("sim", "--profile", str(out), "--devices", "2", "--steps", "4", "--json")
+    assert done.returncode == 2  # the config's model is the default, not tiny-random
+    assert done.stderr.strip() == (
+        f"reinforge sim: error: {out} was calibrated for tiny-random (builtin, float32), the "
+        "config runs smollm2-135m (builtin, float32): calibrate for it (`reinforge sim "
+        "calibrate`), or predict with --model tiny-random"
+    )
+    predict = ("sim", "--profile", str(out), "--model", "tiny-random")
+    done = reinforge(*predict, "--devices", "2", "--steps", "4", "--json")
     assert done.returncode == 0, done.stderr
     figures = json.loads(done.stdout)
     assert len(figures["predictions"]) == 6  # 3 modes x (colocated, 1 + 1)
@@ -331,9 +340,46 @@ def test_calibrate_then_predict_through_the_command(tmp_path: Path):
     for p in figures["predictions"]:
         assert p["step_s"] > 0 and 0 <= p["sampler_utilisation"] <= 1
 
-    done = reinforge("sim", "predict", "--profile", str(out), "--devices", "2", "--samplers", "3")
+    done = reinforge(*predict, "--devices", "2", "--samplers", "3")
     assert done.returncode == 2
     assert done.stderr.strip() == "reinforge sim: error: --samplers 3 is more than --devices 2"
     done = reinforge("sim", "predict", "--profile", str(tmp_path / "none.json"))
     assert done.returncode == 2 and "reinforge sim calibrate" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_predict_refuses_a_profile_of_another_model_engine_or_dtype(tmp_path, capsys):
+    path = tmp_path / "profile.json"
+    profile().save(path)  # model "test", builtin, float32
+    for flags, fix in [
+        ([], "--model test"),
+        (["--model", "test", "--dtype", "bfloat16"], "--dtype float32"),
+        (["--model", "test", "--engine", "vllm"], "--engine builtin"),
+    ]:
+        assert main(["sim", "--profile", str(path), *flags]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith(f"reinforge sim: error: {path} was calibrated for test (builtin, ")
+        assert error.endswith(f"or predict with {fix}\n") and error.count("\n") == 1
+    assert main(["sim", "--profile", str(path), "--model", "test", "--steps", "3"]) == 0
+
+
+def test_sim_reads_the_overrides_it_takes_and_refuses_the_others(tmp_path, capsys):
+    path = tmp_path / "profile.json"
+    profile().save(path)
+    predict = ["sim", "predict", "--profile", str(path), "--model", "test", "--json"]
+    assert main([*predict, "--mode", "sync", "sim.steps=3", "rollout.tasks_per_step=2"]) == 0
+    (figures,) = json.loads(capsys.readouterr().out)["predictions"]
+    assert figures["steps"] == 2  # steps 2 on of 3
+    assert figures["rollouts_per_min"] == pytest.approx(2 * 4 * 60 / figures["step_s"])
+    measured = "not read by sim predict: the profile measured it (give it to sim calibrate)"
+    for args, refused in [
+        ([*predict, "optim.lr=0.1"], f"optim.lr: {measured}"),
+        (
+            [*predict, "sim.calibration.rounds=1"],
+            "sim.calibration.rounds: read by sim calibrate only",
+        ),
+        (["sim", "calibrate", "--mode", "sync"], "--mode: not read by sim calibrate"),
+        (["sim", "calibrate", "env.name=wordle"], "env.name: not read by sim calibrate"),
+    ]:
+        assert main(args) == 2
+        assert capsys.readouterr().err == f"reinforge sim: error: {refused}\n"

@@ -4,7 +4,8 @@
 `--config FILE` and `KEY=VALUE` overrides too, and keep their familiar flags, each of which
 is only another name for one config key: its help and default are read from that field, so
 no default is declared twice. A value set in several ways takes the last of: the file, the
-flags, the `KEY=VALUE` overrides.
+flags, the `KEY=VALUE` overrides. A flag or override of a key the command does not read
+(`reinforge.config.UNREAD`) is refused, never ignored.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, get_args
 
 from pydantic import BaseModel
 
-from reinforge.config import Root, load_config, parse_value
+from reinforge.config import Root, load_config, parse_value, unread
 from reinforge.errors import ConfigError, UsageError
 
 
@@ -41,7 +42,9 @@ def positional_or_override(first: str | None, overrides: list[str]) -> tuple[str
 def load_command_config(root: type[Root], args: argparse.Namespace) -> Root:
     """`reinforge train|sft [CONFIG.toml] [KEY=VALUE ...]`."""
     first, overrides = positional_or_override(args.config, args.overrides)
-    return load_config(root, None if first is None else Path(first), overrides)
+    config = load_config(root, None if first is None else Path(first), overrides)
+    refuse_unread(args.command, [(key, key) for key in _keys(overrides)])
+    return config
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, example: str) -> None:
@@ -85,18 +88,34 @@ def load_with_flags(
     flags: Sequence[Flag],
     pairs: dict[str, Any] | None = None,
     overrides: list[str] | None = None,
+    command: str | None = None,
 ) -> Root:
     """The config of `--config FILE`, then the flags given, then `pairs` (key: value, e.g.
-    `--env-arg`), then the `KEY=VALUE` overrides (default: `args.overrides`)."""
+    `--env-arg`), then the `KEY=VALUE` overrides (default: `args.overrides`). `command`:
+    the name `UNREAD` knows the command by, when not `args.command` (`sim predict`)."""
     overrides = args.overrides if overrides is None else overrides
     given = {f.key: getattr(args, _dest(f)) for f in flags if hasattr(args, _dest(f))}
     try:
-        return load_config(root, args.config, overrides, given | (pairs or {}))
+        config = load_config(root, args.config, overrides, given | (pairs or {}))
     except ConfigError as error:
         named = [f.name for f in flags if f.key == error.key and f.key in given]
         if named:
             raise UsageError(f"{named[0]}: {error.problem}") from error
         raise
+    set_here = [(f.name, f.key) for f in flags if f.key in given]
+    set_here += [(key, key) for key in [*(pairs or {}), *_keys(overrides)]]
+    refuse_unread(command or args.command, set_here)
+    return config
+
+
+def refuse_unread(command: str, given: Sequence[tuple[str, str]]) -> None:
+    """Refuse the first of `given` (the name a user gave, the key it sets) that `command`
+    does not read, in one line naming it: a value that does nothing must not pass for one
+    that worked (`sft run.steps=1` ran every step of the data)."""
+    for name, key in given:
+        why = unread(command, key)
+        if why is not None:
+            raise UsageError(f"{name}: {why}")
 
 
 def key_values(pairs: Sequence[str], key: str, flag: str) -> dict[str, Any]:
@@ -109,6 +128,11 @@ def key_values(pairs: Sequence[str], key: str, flag: str) -> dict[str, Any]:
             raise UsageError(f"{flag} takes NAME=VALUE, got {pair!r}")
         parsed[f"{key}.{name}"] = parse_value(value)
     return parsed
+
+
+def _keys(overrides: Sequence[str]) -> list[str]:
+    """The dotted keys of `KEY=VALUE` overrides (`load_config` has checked their form)."""
+    return [override.partition("=")[0] for override in overrides]
 
 
 def _dest(flag: Flag) -> str:

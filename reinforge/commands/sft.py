@@ -17,15 +17,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from reinforge.commands.config_args import load_command_config
     from reinforge.config import Config
+
+    config = load_command_config(Config, args)
+    from rich.console import Console
+
     from reinforge.orchestrate.sft import sft_config, train_sft
     from reinforge.policy.models import load_tokenizer
     from reinforge.train.sft import load_data
 
-    config = load_command_config(Config, args)
     console = Console(stderr=True)
     data = load_data(config.sft, load_tokenizer(config.model.name))
     config = sft_config(config, len(data.examples))

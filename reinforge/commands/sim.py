@@ -3,8 +3,10 @@
 `calibrate` times the configured engine and trainer on this machine and writes a profile;
 `predict` (the default) plays the loop forward on it for each mode and placement of the
 devices. Both read the train config tree (a run's TOML simulates as it trains) plus a
-`sim` section, so they share one parser: a flag either does not apply to calibrate
-(the workload, the devices) or means the same to both (`--profile` is written, then read).
+`sim` section, so they share one parser: a flag means the same to both (`--profile` is
+written, then read), or the action that does not read it refuses it (calibrate takes no
+workload and no devices; `reinforge.config.UNREAD`). Predict refuses a profile calibrated
+for another model, engine or dtype than the config's.
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     action, overrides = positional_or_override(args.action, args.overrides)
     if action not in (None, *ACTIONS):
         raise UsageError(f"unknown action {action!r}: calibrate or predict")
-    config = load_with_flags(SimConfig, args, FLAGS, overrides=overrides)
+    command = f"sim {action or 'predict'}"
+    config = load_with_flags(SimConfig, args, FLAGS, overrides=overrides, command=command)
     if action == "calibrate":
         return run_calibrate(config)
     return run_predict(config, args.json)
@@ -109,10 +112,11 @@ def run_calibrate(config: SimConfig) -> int:
 
 
 def run_predict(config: SimConfig, as_json: bool) -> int:
-    from reinforge.sim.predict import best, load_workload, predict
+    from reinforge.sim.predict import best, check_profile, load_workload, predict
     from reinforge.sim.profile import Profile
 
     profile = Profile.load(config.sim.profile)
+    check_profile(profile, config)
     predictions = predict(config, profile, load_workload(config))
     chosen = best(predictions)
     if as_json:

@@ -14,14 +14,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from reinforge.commands.config_args import load_command_config
-    from reinforge.commands.view import TrainView
     from reinforge.config import Config
-    from reinforge.orchestrate.loop import train
 
     config = load_command_config(Config, args)
+    from rich.console import Console
+
+    from reinforge.commands.view import TrainView
+    from reinforge.orchestrate.loop import train
+
     console = Console(stderr=True)
     console.print(f"run directory: {config.run_dir}")
     with TrainView(console, config.run.steps) as view:

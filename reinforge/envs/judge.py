@@ -21,14 +21,14 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
 
-import httpx
-import openai
 from pydantic import Field, model_validator
 
 from reinforge.envs.rubric import Reward, RewardFn
 from reinforge.types import Message, Section
 
 if TYPE_CHECKING:
+    import httpx
+
     from reinforge.envs.episode import Episode
 
 _SCORE = re.compile(r"\**score\W{0,4}?\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
@@ -163,6 +163,9 @@ class Judge:
         return [{"role": "system", "content": system}, {"role": "user", "content": request}]
 
     async def _ask(self, messages: list[Message]) -> Verdict:
+        import httpx  # here, not above: `JudgeConfig` is read with every config
+        import openai
+
         config = self.config
         http = None if self._transport is None else httpx.AsyncClient(transport=self._transport)
         client = openai.AsyncOpenAI(

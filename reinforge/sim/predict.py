@@ -74,6 +74,23 @@ def load_workload(config: SimConfig) -> Workload:
     return Recorded(groups, sim.replay, sim.seed)
 
 
+def check_profile(profile: Profile, config: SimConfig) -> None:
+    """Refuse a profile of another model, engine or dtype than the config's: its timings
+    would predict another run than the one asked about, and nothing would say so."""
+    flags = ("--model", "--engine", "--dtype")
+    measured = (profile.model, profile.engine, profile.dtype)
+    configured = (config.model.name, config.model.engine, config.engine.dtype)
+    if measured == configured:
+        return
+    pairs = zip(flags, measured, configured, strict=True)
+    fix = " ".join(f"{flag} {mine}" for flag, mine, asked in pairs if mine != asked)
+    raise UsageError(
+        f"{config.sim.profile} was calibrated for {measured[0]} ({measured[1]}, {measured[2]}), "
+        f"the config runs {configured[0]} ({configured[1]}, {configured[2]}): calibrate for "
+        f"it (`reinforge sim calibrate`), or predict with {fix}"
+    )
+
+
 def layouts(config: SimConfig) -> list[Layout]:
     devices, samplers = config.sim.devices, config.sim.samplers
     if samplers is not None:

@@ -9,7 +9,10 @@ not move the mean.
 
 from __future__ import annotations
 
-from torch import Tensor
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def dr_grpo_advantages(rewards: Tensor) -> Tensor:

@@ -4,6 +4,9 @@ correction to use.
 Each variant is a small pydantic model tagged by `kind` that applies itself, so
 the trainer calls `config.advantage.compute(rewards)` and `config.loss.batch_loss(...)` and
 never branches on a name. Unknown keys and unknown kinds are rejected when the config is loaded.
+
+A command loads its config before anything heavy, so that a typo is answered at once: the
+methods import the arithmetic (`losses`, which needs torch) when they first run.
 """
 
 from __future__ import annotations
@@ -12,26 +15,15 @@ from abc import ABC, abstractmethod
 from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
-from torch import Tensor
 
 from reinforge.train.advantages import dr_grpo_advantages, grpo_advantages
-from reinforge.train.losses import (
-    LikelihoodMetrics,
-    PolicyMetrics,
-    constant_norm_weights,
-    kl_k3,
-    masked_importance_weights,
-    masked_mean,
-    ppo_clip_loss,
-    sequence_mean_weights,
-    token_mean_weights,
-    truncated_importance_weights,
-)
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from reinforge.train.batching import TrainBatch
+    from reinforge.train.losses import LikelihoodMetrics, PolicyMetrics
 
 
 class _Config(BaseModel):
@@ -100,6 +92,8 @@ class TokenMean(_Aggregation):
     kind: Literal["token_mean"] = "token_mean"
 
     def weights(self, mask: Tensor) -> Tensor:
+        from reinforge.train.losses import token_mean_weights
+
         return token_mean_weights(mask)
 
 
@@ -109,6 +103,8 @@ class SequenceMean(_Aggregation):
     kind: Literal["sequence_mean"] = "sequence_mean"
 
     def weights(self, mask: Tensor) -> Tensor:
+        from reinforge.train.losses import sequence_mean_weights
+
         return sequence_mean_weights(mask)
 
 
@@ -123,6 +119,8 @@ class ConstantNorm(_Aggregation):
     def weights(self, mask: Tensor) -> Tensor:
         if self.max_tokens is None:
             raise ValueError("constant_norm needs max_tokens: see TrainerConfig.for_budget")
+        from reinforge.train.losses import constant_norm_weights
+
         return constant_norm_weights(mask, self.max_tokens)
 
 
@@ -169,6 +167,8 @@ class NoCorrection(_Correction):
     def weights(
         self, proximal_logp: Tensor, behaviour_logp: Tensor, mask: Tensor
     ) -> tuple[Tensor, Tensor]:
+        import torch
+
         mask = mask.bool()  # (B, T)
         return mask.float(), torch.zeros_like(mask)  # (B, T), (B, T)
 
@@ -186,6 +186,8 @@ class TruncatedIS(_Correction):
     def weights(
         self, proximal_logp: Tensor, behaviour_logp: Tensor, mask: Tensor
     ) -> tuple[Tensor, Tensor]:
+        from reinforge.train.losses import truncated_importance_weights
+
         return truncated_importance_weights(proximal_logp, behaviour_logp, mask, self.cap)
 
 
@@ -209,6 +211,8 @@ class MaskedIS(_Correction):
     def weights(
         self, proximal_logp: Tensor, behaviour_logp: Tensor, mask: Tensor
     ) -> tuple[Tensor, Tensor]:
+        from reinforge.train.losses import masked_importance_weights
+
         return masked_importance_weights(
             proximal_logp, behaviour_logp, mask, self.low, self.high, self.level
         )
@@ -326,6 +330,8 @@ class PPOClipLoss(_Loss):
         anchor of a "tis" or "mis" correction; default: `logp`'s, this forward being the
         first (`trainer.updates_per_batch` 1).
         """
+        from reinforge.train.losses import kl_k3, masked_mean, ppo_clip_loss
+
         proximal = logp.detach() if proximal_logp is None else proximal_logp  # (B, T)
         importance, corrected = self.correction.weights(
             proximal, behaviour_logp, mask
@@ -384,6 +390,10 @@ class SFTLoss(_Loss):
         logp, mask: (B, T). weights: (B, T), as in `PPOClipLoss.compute`; default: this
         batch is the whole batch.
         """
+        import torch
+
+        from reinforge.train.losses import LikelihoodMetrics, masked_mean
+
         nll = torch.where(mask.bool(), -logp, 0.0)  # (B, T)
         if weights is None:
             weights = self.aggregation.weights(mask)  # (B, T)

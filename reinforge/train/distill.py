@@ -8,11 +8,14 @@ joins the RL reward's; `distill_advantages` is the arithmetic, pinned by
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
 from pydantic import Field
-from torch import Tensor
 
 from reinforge.types import Section, Trajectory
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 class TeacherConfig(Section):
@@ -44,6 +47,8 @@ class DistillConfig(Section):
 
     def token_advantages(self, trajectory: Trajectory, rl_advantage: float) -> list[float]:
         """One advantage per sampled token of a taught trajectory."""
+        import torch  # here, not above: the config loads before a command needs torch
+
         return distill_advantages(
             torch.tensor(trajectory.teacher_logprobs),
             torch.tensor(trajectory.logprobs),

@@ -1,0 +1,127 @@
+"""The command line before any work: `--help` and a config mistake answer at once, without
+loading torch (or any other heavy library), and every override either takes effect or is
+refused in one line naming it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from reinforge.cli import COMMANDS, build_parser, main, parse
+from reinforge.commands import eval as eval_command
+from reinforge.commands import serve as serve_command
+from reinforge.commands.config_args import load_command_config, load_with_flags
+from reinforge.config import Config, ServeConfig
+from reinforge.orchestrate.sft import sft_config
+
+from .commands import ROOT
+
+HEAVY = ("torch", "transformers", "vllm", "ray", "openai", "fastapi", "uvicorn")
+"""What only a command's work needs: seconds of imports a `--help` must not wait for."""
+QUICK_S = 5.0
+"""Generous: about 0.3 s here, where importing torch alone took seconds."""
+PROBE = f"""
+import json, sys
+from reinforge.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exit:
+    code = exit.code
+print(json.dumps({{"code": code, "heavy": [m for m in {HEAVY!r} if m in sys.modules]}}))
+"""
+"""The command line as `python -m reinforge` runs it, then, as the last line of stdout,
+its exit code and the heavy modules it loaded."""
+
+
+def probe(*args: str) -> tuple[dict, subprocess.CompletedProcess[str], float]:
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, *args], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    seconds = time.perf_counter() - started
+    return json.loads(done.stdout.splitlines()[-1]), done, seconds
+
+
+@pytest.mark.parametrize("command", [*COMMANDS, None])
+def test_help_answers_at_once_without_heavy_imports(command):
+    found, done, seconds = probe(*([command] if command else []), "--help")
+    assert found["code"] == 0, done.stderr
+    assert "usage: reinforge" in done.stdout
+    assert found["heavy"] == []
+    assert seconds < QUICK_S
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["train", "examples/arithmetic.toml", "trainer.lrr=1"], "config trainer.lrr: unknown key"),
+        (["sft", "examples/sft.toml", "sft.epoch=2"], "config sft.epoch: unknown key"),
+        (["eval", "arithmetic", "engine.nosuch=1"], "config engine.nosuch: unknown key"),
+        (["serve", "--port", "-1"], "--port: Input should be greater than or equal to 0"),
+        (["sim", "engine.nosuch=1"], "config engine.nosuch: unknown key"),
+    ],
+)
+def test_a_config_mistake_is_one_line_before_heavy_imports(args, message):
+    found, done, seconds = probe(*args)
+    assert found["code"] == 2
+    assert done.stderr == f"reinforge {args[0]}: error: {message}\n"
+    assert found["heavy"] == []
+    assert seconds < QUICK_S
+
+
+def test_the_config_modules_import_no_torch():
+    modules = "reinforge.config, reinforge.sim.config, reinforge.commands.config_args"
+    code = f"import sys, {modules}\nprint([m for m in {HEAVY!r} if m in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[]\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["train", "sft.epochs=2"], "sft.epochs: read by `reinforge sft` only"),
+        (
+            ["sft", "examples/sft.toml", "run.steps=1"],
+            "run.steps: sft takes its steps from the data: set sft.epochs or sft.batch_size",
+        ),
+        (
+            ["sft", "rollout.tasks_per_step=2"],
+            "rollout.tasks_per_step: not read by sft, which samples nothing",
+        ),
+        (
+            ["sft", "trainer.truncated=mask"],
+            "trainer.truncated: not read by sft, which trains on no rewards",
+        ),
+        (
+            ["serve", "model.served_name=x"],
+            "model.served_name: read by `reinforge eval` only, for a model served at a URL",
+        ),
+        (
+            ["sim", "loop.mode=async"],
+            "loop.mode: sim predict simulates the modes of sim.modes (--mode)",
+        ),
+        (["sim", "calibrate", "--devices", "2"], "--devices: not read by sim calibrate"),
+    ],
+)
+def test_an_override_the_command_does_not_read_is_refused_in_one_line(args, message, capsys):
+    assert main(args) == 2
+    assert capsys.readouterr().err == f"reinforge {args[0]}: error: {message}\n"
+
+
+def test_an_override_the_command_reads_takes_effect():
+    """`eval` reads every key of its tree, so it refuses none; `sim` is in test_sim.py."""
+    args = parse(build_parser(), ["train", "examples/arithmetic.toml", "run.steps=3"])
+    assert load_command_config(Config, args).run.steps == 3
+    args = parse(build_parser(), ["sft", "examples/sft.toml", "sft.epochs=3", "sft.batch_size=4"])
+    assert sft_config(load_command_config(Config, args), examples=10).run.steps == 9  # 3 x 3
+    args = parse(build_parser(), ["eval", "arithmetic", "eval.seed=4", "--tasks", "2"])
+    config = eval_command.load(args)
+    assert (config.eval.seed, config.eval.tasks) == (4, 2)
+    args = parse(build_parser(), ["serve", "server.port=9", "--max-batch", "3"])
+    config = load_with_flags(ServeConfig, args, serve_command.FLAGS)
+    assert (config.server.port, config.engine.max_batch) == (9, 3)
