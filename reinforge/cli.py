@@ -3,6 +3,7 @@
 Every command module exposes `add_arguments(parser)`, which adds its arguments and sets
 `func` to a callable taking the parsed namespace and returning an exit code. A user
 mistake raises `UsageError`: one clear line on stderr and exit code 2, never a traceback.
+Too many failed rollouts raise `TooManyErrors`: one line, exit code 3.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import argparse
 import sys
 from importlib import import_module
 
-from reinforge.errors import UsageError
+from reinforge.errors import ERRORS_EXIT, TooManyErrors, UsageError
 
 COMMANDS = {
     "serve": "serve a model over an OpenAI-compatible API (token ids included)",
@@ -50,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"reinforge {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except TooManyErrors as error:
+        print(f"reinforge {args.command}: error: {error}", file=sys.stderr)
+        return ERRORS_EXIT
     except KeyboardInterrupt:
         return 130
 

@@ -1,9 +1,12 @@
-"""Errors that mean "the user asked for something wrong", reported without a traceback."""
+"""Errors reported to a user in one line, without a traceback: they asked for something
+wrong (exit code 2), or too many of their rollouts failed (exit code 3)."""
 
 from __future__ import annotations
 
+import inspect
 import sysconfig
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -23,6 +26,16 @@ class ConfigError(UsageError):
         super().__init__(f"config {key}: {problem}" if key else f"config: {problem}")
         self.key = key
         self.problem = problem
+
+
+ERRORS_EXIT = 3
+"""Exit code of a command stopped by `TooManyErrors`."""
+
+
+class TooManyErrors(Exception):
+    """More rollouts errored or timed out than a command allows (`eval.max_error_rate`,
+    `loop.max_error_rate`): a broken environment or grader must not pass for a weak model
+    or a hard task. One line and `ERRORS_EXIT`, after the command has written its record."""
 
 
 def first_problem(error: ValidationError) -> tuple[str, str]:
@@ -46,6 +59,14 @@ def raised_at(error: BaseException) -> str:
             continue
         return f"{frame.filename}:{frame.lineno}"
     return ""
+
+
+def defined_at(fn: Callable[..., object]) -> str:
+    """`file:line` where `fn` is defined, for a value it returned: there is no frame to
+    point at, and its definition is where a fix would go; "" when it has no Python code."""
+    fn = inspect.unwrap(fn)  # past decorators, to the function itself
+    code = getattr(fn, "__code__", None) or getattr(type(fn).__call__, "__code__", None)
+    return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else ""
 
 
 def describe(error: BaseException) -> str:

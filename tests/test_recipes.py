@@ -61,6 +61,7 @@ def test_the_recipe_examples_train_on_the_tiny_model(example, tmp_path, judge_ur
     """`reinforge train examples/X.toml model.name=tiny-random run.steps=2`, with two tasks a
     step of two rollouts to keep it short, and the judge pointed at the test's server."""
     judge = [f"env.judge.url={judge_url}", "env.judge.model=tiny-random", "env.judge.max_tokens=16"]
+    judge.append("loop.max_error_rate=1")  # a random judge gives no score: all are errors
     result = subprocess.run(
         [sys.executable, "-m", "reinforge", "train", f"examples/{example}.toml"]
         + ["model.name=tiny-random", "run.steps=2", f"run.dir={tmp_path}"]

@@ -1,5 +1,7 @@
 import asyncio
 
+import pytest
+
 from reinforge.envs import Episode, GroupReward, Reward, Rubric
 from reinforge.envs.rubric import GraderError, Scores
 from reinforge.types import Task
@@ -56,14 +58,59 @@ async def test_non_numbers_and_wrong_group_lengths_are_errors():
 
     (result,) = await Rubric(Reward(says_yes)).score([episode("x")])
     assert isinstance(result, GraderError)
-
-    def overflows(ep: Episode) -> float:
-        return float("inf")
-
-    (result,) = await Rubric(Reward(overflows)).score([episode("x")])
-    assert isinstance(result, GraderError) and "not a finite number" in str(result)
     results = await Rubric(GroupReward(too_few)).score([episode("a"), episode("b")])
     assert all(isinstance(r, GraderError) for r in results)
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        pytest.param(float("nan"), "returned nan, not a finite float32 number", id="nan"),
+        pytest.param(float("inf"), "returned inf, not a finite float32 number", id="inf"),
+        # finite in float64, inf in float32
+        pytest.param(1e39, "returned 1e+39, not a finite float32 number", id="1e39"),
+        pytest.param(10**400, "returned 1000", id="past-float64"),
+        pytest.param("1.0", "returned '1.0' (str), not a number", id="string"),
+        pytest.param(None, "returned None (NoneType), not a number", id="none"),
+    ],
+)
+async def test_a_value_that_is_no_finite_float32_is_an_error_naming_the_grader(value, problem):
+    def grade(ep: Episode) -> object:
+        return value
+
+    async def grade_group(eps: list[Episode]) -> list[object]:
+        return [value for _ in eps]
+
+    where = f"{__file__}:{grade.__code__.co_firstlineno}"
+    (result,) = await Rubric(Reward(grade)).score([episode("x")])
+    assert isinstance(result, GraderError)
+    assert str(result).startswith(f"reward 'grade' {problem}") and str(result).endswith(
+        f"({where})"
+    )
+    results = await Rubric(GroupReward(grade_group)).score([episode("a"), episode("b")])
+    assert all(isinstance(r, GraderError) for r in results)
+    assert str(results[0]).startswith(f"group reward 'grade_group' {problem}")
+
+
+async def test_float32_s_largest_values_score_and_a_total_past_them_is_an_error():
+    def large(ep: Episode) -> float:
+        return 3.4e38
+
+    assert await Rubric(Reward(large)).score([episode("x")]) == [Scores({"large": 3.4e38}, 3.4e38)]
+    (result,) = await Rubric(Reward(large, weight=2.0)).score([episode("x")])
+    assert isinstance(result, GraderError)
+    assert str(result) == (
+        "the weighted total of rewards {'large': 3.4e+38} is 6.8e+38, not a finite float32 number"
+    )
+
+
+async def test_a_raising_grader_is_named_with_the_line_that_raised():
+    def grade(ep: Episode) -> float:
+        return ep.state["answer"]
+
+    (result,) = await Rubric(Reward(grade)).score([episode("x")])
+    line = grade.__code__.co_firstlineno + 1
+    assert str(result) == f"reward 'grade' raised KeyError: 'answer' ({__file__}:{line})"
 
 
 async def test_a_term_grades_the_group_concurrently():

@@ -154,6 +154,59 @@ def test_train_cli_reports_config_errors_with_exit_2(tmp_path):
     assert unknown_env.returncode == 2 and "unknown environment" in unknown_env.stderr
 
 
+BROKEN_ENV = ROOT / "tests" / "data" / "broken_reward_env.py"
+
+
+def _line_of(path: Path, text: str) -> int:
+    """The number of the line of `path` that holds `text`."""
+    return next(n for n, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+def test_a_step_past_max_error_rate_stops_the_run_with_exit_3_naming_the_first_error(tmp_path):
+    argv = tiny_train(tmp_path, f"env.name={BROKEN_ENV}")  # every reward raises
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 3, result.stderr[-3000:]
+    first = (
+        "reward 'grade' raised KeyError: 'answer' "
+        f"({BROKEN_ENV}:{_line_of(BROKEN_ENV, 'episode.state[')})"
+    )
+    assert f"step    1/2  first error: {first}" in result.stderr.splitlines()
+    assert result.stderr.splitlines()[-1] == (
+        "reinforge train: error: 8 of 8 rollouts of step 1 errored or timed out, more than "
+        f"loop.max_error_rate = 0.1; the first: {first}"
+    )
+    assert "Traceback" not in result.stderr
+    rows = [
+        json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [(r["step"], r["errored"], r["first_error"]) for r in rows] == [(1, 8, first)]
+
+
+def test_a_reward_past_float32_is_an_error_and_a_step_within_max_error_rate_goes_on(tmp_path):
+    """1e39 is finite in float64 and inf in the trainer's float32: one task's rewards are
+    1e39, half of each step's rollouts, which `loop.max_error_rate = 0.5` allows."""
+    argv = tiny_train(
+        tmp_path,
+        f"env.name={BROKEN_ENV}",
+        'env.args.bad="1e39"',
+        "env.args.broken=1",
+        "loop.max_error_rate=0.5",
+    )
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    first = (
+        "reward 'grade' returned 1e+39, not a finite float32 number "
+        f"({BROKEN_ENV}:{_line_of(BROKEN_ENV, 'def grade(')})"
+    )
+    lines = result.stderr.splitlines()
+    assert f"step    1/2  first error: {first}" in lines
+    assert f"step    2/2  first error: {first}" in lines
+    rows = [
+        json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [(r["step"], r["errored"], r["trained_samples"]) for r in rows] == [(1, 4, 4), (2, 4, 4)]
+
+
 def _train(run_dir: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         tiny_train(run_dir, "run.steps=4", "run.checkpoint_every=2", *extra),

@@ -95,6 +95,31 @@ def test_a_log_keeps_one_line_per_step_at_any_width():
     assert len(out.getvalue().splitlines()) == 1 and len(out.getvalue()) > 80
 
 
+ERROR = "reward 'grade' raised KeyError: [answer] (env.py:6)"
+"""In brackets, as rich markup would eat them."""
+
+
+def test_a_log_shows_a_step_s_first_error_on_the_next_line():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=80)
+    with TrainView(console, steps=2) as view:
+        view.update(_row(1, 0.5).model_copy(update={"first_error": ERROR}))
+        view.update(_row(2, 0.5))
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3 and lines[1] == f"step    1/2  first error: {ERROR}"
+    assert lines[2].startswith("step    2/2  reward")
+
+
+def test_the_live_panel_keeps_the_latest_first_error_in_view():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, color_system=None, width=120)
+    with TrainView(console, steps=3) as view:
+        view.update(_row(1, 0.5).model_copy(update={"first_error": ERROR}))
+        view.update(_row(2, 0.5))
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
+    assert text.rstrip().endswith(f"step    1/3  first error: {ERROR}")
+
+
 def test_a_log_hears_from_a_long_step(monkeypatch):
     monkeypatch.setattr(view_module, "HEARTBEAT_S", 0.05)
     out = io.StringIO()

@@ -20,9 +20,6 @@ from reinforge.config import EvalConfig
 if TYPE_CHECKING:
     from reinforge.rollout.evaluate import EvalSummary
 
-ERRORS_EXIT = 3
-"""Exit code when more than `eval.max_error_rate` of the rollouts errored or timed out."""
-
 FLAGS = (
     Flag("--model", "model.name", "SPEC_OR_URL"),
     Flag("--model-name", "model.served_name", "NAME"),
@@ -93,6 +90,7 @@ async def _run(config: EvalConfig, env: Any, out: Path) -> int:
 
     from reinforge.policy.client import PolicyClient
     from reinforge.rollout.evaluate import evaluate
+    from reinforge.rollout.summary import check_errors
 
     console = Console(stderr=True)
     sampling = config.rollout.sampling
@@ -128,16 +126,7 @@ async def _run(config: EvalConfig, env: Any, out: Path) -> int:
         if engine is not None:
             engine.close()
     _print_summary(console, summary, out)
-    rate = summary.errored / max(summary.rollouts, 1)
-    if rate > config.eval.max_error_rate:
-        console.print(
-            f"{summary.errored} of {summary.rollouts} rollouts errored or timed out, "
-            f"more than eval.max_error_rate = {config.eval.max_error_rate}; the first: "
-            f"{summary.first_error}",
-            highlight=False,
-            soft_wrap=True,
-        )
-        return ERRORS_EXIT
+    check_errors(summary, config.eval.max_error_rate, "eval.max_error_rate")
     return 0
 
 

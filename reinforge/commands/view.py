@@ -16,6 +16,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 if TYPE_CHECKING:
     from reinforge.orchestrate.metrics import StepMetrics
@@ -85,6 +86,11 @@ def step_line(metrics: StepMetrics, steps: int) -> str:
     )
 
 
+def error_line(metrics: StepMetrics, steps: int) -> str:
+    """The step's first error: the count alone says nothing of what to fix."""
+    return f"step {metrics.step:4d}/{steps}  first error: {metrics.first_error}"
+
+
 def _staleness(metrics: StepMetrics) -> str:
     """Only when the data was off-policy: a synchronous run has nothing to say here."""
     if not (metrics.staleness_max or metrics.dropped_stale):
@@ -142,12 +148,15 @@ class TrainView:
             self.live.update(self._render())
         else:
             self.console.print(step_line(metrics, self.steps), highlight=False, soft_wrap=True)
+            if metrics.first_error is not None:
+                line = error_line(metrics, self.steps)
+                self.console.print(line, highlight=False, soft_wrap=True, markup=False)
             self.heartbeat.beat()
 
     def _render(self) -> Group:
         rewards = [row.reward_mean for row in self.rows]
         curve = f"reward {sparkline(rewards)}" if rewards else "reward (after the first step)"
-        return Group(self.progress, curve, self._table(), self._time_split())
+        return Group(self.progress, curve, self._table(), self._time_split(), self._error())
 
     def _table(self) -> Table:
         table = Table(box=None, pad_edge=False)
@@ -167,6 +176,12 @@ class TrainView:
                 f"{row.time.total_s:.1f}",
             )
         return table
+
+    def _error(self) -> Text:
+        """The latest step's first error that had one, kept in view while later steps go
+        on; plain text, as an error message may hold brackets."""
+        erring = next((row for row in reversed(self.rows) if row.first_error is not None), None)
+        return Text("" if erring is None else error_line(erring, self.steps))
 
     def _time_split(self) -> str:
         """Where the time went over the steps so far: the first question of a slow run."""

@@ -2,7 +2,8 @@
 
 The one convention: a `Reward` function takes the finished `Episode` and returns a float;
 a `GroupReward` function takes every episode of one task and returns one float each. Either
-may be async. A function that raises makes its episodes errors, never a silent 0. An
+may be async. A function that raises, or returns anything but a number that stays finite
+as a float32 (the trainer's dtype), makes its episodes errors, never a silent 0. An
 `Override` is a rule over one episode that, when it holds, sets the total outright: a
 broken promise (a token budget exceeded) costs the reward whatever the answer.
 """
@@ -12,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import reprlib
+import struct
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from reinforge.errors import describe
+from reinforge.errors import defined_at, describe
 
 if TYPE_CHECKING:
     from reinforge.envs.episode import Episode
@@ -109,10 +112,16 @@ class Rubric:
                     raise result
                 else:
                     values[index][term.key] = result
-        return [
-            error or Scores(row, self._total(row))
-            for row, error in zip(values, errors, strict=True)
-        ]
+        return [error or self._scores(row) for row, error in zip(values, errors, strict=True)]
+
+    def _scores(self, row: dict[str, float]) -> Scores | GraderError:
+        """Finite terms can still weigh up to a total past float32's range."""
+        total = self._total(row)
+        if _finite_float32(total):
+            return Scores(row, total)
+        return GraderError(
+            f"the weighted total of rewards {row} is {total!r}, not a finite float32 number"
+        )
 
     def _total(self, row: dict[str, float]) -> float:
         for term in self.terms:
@@ -124,35 +133,52 @@ class Rubric:
 
 
 async def _number(term: Reward | Override, episode: Episode) -> float:
+    label = f"reward {term.key!r}"
     try:
         value = term.fn(episode)
         if inspect.isawaitable(value):
             value = await value
-        return _as_float(term.key, value)
-    except GraderError:
-        raise
     except Exception as error:
-        raise GraderError(f"reward {term.key!r} raised {describe(error)}") from error
+        raise GraderError(f"{label} raised {describe(error)}") from error
+    return _as_float(label, value, term.fn)
 
 
 async def _number_list(term: GroupReward, episodes: list[Episode]) -> list[float]:
+    label = f"group reward {term.key!r}"
     try:
         values = term.fn(episodes)
         if inspect.isawaitable(values):
             values = await values
         values = list(values)
     except Exception as error:
-        raise GraderError(f"group reward {term.key!r} raised {describe(error)}") from error
+        raise GraderError(f"{label} raised {describe(error)}") from error
     if len(values) != len(episodes):
-        raise GraderError(
-            f"group reward {term.key!r} returned {len(values)} values for {len(episodes)} episodes"
-        )
-    return [_as_float(term.key, v) for v in values]
+        raise _returned(label, f"{len(values)} values for {len(episodes)} episodes", term.fn)
+    return [_as_float(label, v, term.fn) for v in values]
 
 
-def _as_float(key: str, value: object) -> float:
-    if isinstance(value, bool) or isinstance(value, int | float):
-        number = float(value)
-        if math.isfinite(number):  # NaN or inf would poison every mean downstream
+def _as_float(label: str, value: object, fn: Callable[..., object]) -> float:
+    """`value` as a reward; else an error naming `fn` and where it is defined, as a raising
+    one names where it raised."""
+    if not isinstance(value, int | float):  # bool is an int
+        problem = f"{reprlib.repr(value)} ({type(value).__name__}), not a number"
+    else:
+        try:
+            number = float(value)
+        except OverflowError:  # an int past float64's range
+            number = math.inf
+        if _finite_float32(number):
             return number
-    raise GraderError(f"reward {key!r} returned {value!r}, not a finite number")
+        problem = f"{reprlib.repr(value)}, not a finite float32 number"
+    raise _returned(label, problem, fn)
+
+
+def _returned(label: str, problem: str, fn: Callable[..., object]) -> GraderError:
+    where = defined_at(fn)
+    return GraderError(f"{label} returned {problem}" + (f" ({where})" if where else ""))
+
+
+def _finite_float32(number: float) -> bool:
+    """Whether `number` stays finite as the float32 the trainer computes advantages in:
+    1e39 is finite here and inf there, where it makes the whole group's advantages NaN."""
+    return math.isfinite(struct.unpack("f", struct.pack("f", number))[0])

@@ -57,6 +57,14 @@ class LoopConfig(Section):
     that vary while this lasts. Set-aside groups are sampled by the same weights, recorded
     with the step's trajectories, and counted in its rollout numbers and in
     `zero_variance_groups` and `redrawn`. 0: a step trains on the groups it draws first."""
+    max_error_rate: float = Field(0.1, ge=0.0, le=1.0)
+    """Fraction of a step's rollouts that may error or time out; past it the run stops once
+    the step is recorded, with exit code 3 and the first error. 0.1, as
+    `eval.max_error_rate`: errored rollouts are left out of the gradient, so past it a step
+    trains on whatever its environment survived, and a broken environment or grader (every
+    rollout an error) ends the run at its first step instead of passing for a hard task.
+    Timeouts count too: a status cannot tell a slow policy from a hung sandbox. Raise it for
+    an environment known to fail now and then."""
     engine_url: str | None = None
     """The /v1 URL of a `reinforge serve` on this machine to sample from, e.g.
     http://127.0.0.1:8000/v1; None: an engine in this process."""

@@ -20,7 +20,9 @@ The engine runs in this process, or as `reinforge serve` processes beside it, on
 either way a weight sync reaches every engine between two of its decode steps, and every
 sampled token records the version that produced it. The run's own engines are supervised:
 one that dies is restarted while its episodes go on elsewhere (`orchestrate/supervisor.py`).
-Recording (metrics, trajectories, checkpoints) lives in `RunRecorder`.
+Recording (metrics, trajectories, checkpoints) lives in `RunRecorder`. A step where more
+than `loop.max_error_rate` of the rollouts errored or timed out ends the run once it is
+recorded (`TooManyErrors`): a broken environment or grader trains nothing worth having.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from reinforge.orchestrate.supervisor import Supervisor
 from reinforge.orchestrate.teachers import Teachers
 from reinforge.orchestrate.trackers import check_installed
 from reinforge.policy.models import load_tokenizer
-from reinforge.rollout.summary import summarize
+from reinforge.rollout.summary import check_errors, summarize
 from reinforge.train.checkpoints import latest_checkpoint, load_progress
 from reinforge.train.trainer import rewards_vary, select_for_training
 from reinforge.types import Group
@@ -53,7 +55,8 @@ async def train(
     config: Config, on_step: Callable[[StepMetrics], None], resume: bool = False
 ) -> Path:
     """Run `config.run.steps` steps, or what is left of them after the last checkpoint;
-    returns the run directory."""
+    returns the run directory. Raises `TooManyErrors` after recording a step past
+    `loop.max_error_rate`."""
     check_installed(config.run)
     env = load_configured(config.env)
     checkpoint = latest_checkpoint(config.run_dir) if resume else None
@@ -161,6 +164,12 @@ async def train(
             state = {"policy_version": engine.version, "loop": rollouts.position()}
             recorder.record(step + 1, metrics, trainer, state, groups)
             on_step(metrics)
+            check_errors(
+                metrics,
+                config.loop.max_error_rate,
+                "loop.max_error_rate",
+                f"rollouts of step {step + 1}",
+            )
     return recorder.directory
 
 

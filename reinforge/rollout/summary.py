@@ -11,6 +11,7 @@ from reinforge.envs.augment import VariantStats, variant_metrics
 from reinforge.envs.hacks import hack_counts
 from reinforge.envs.levels import LevelStats, level_metrics
 from reinforge.envs.loops import loop_rates
+from reinforge.errors import TooManyErrors
 from reinforge.types import Group, Record, Status
 
 SCORED = (Status.OK, Status.TRUNCATED)
@@ -110,6 +111,17 @@ def summarize(groups: list[Group], pass_threshold: float) -> RolloutSummary:
         hack_flags=hack_counts(trajectories),
         status={s.value: n for s, n in status.items()},
     )
+
+
+def check_errors(summary: RolloutSummary, limit: float, key: str, what: str = "rollouts") -> None:
+    """Raise `TooManyErrors` when more than `limit` of the rollouts errored or timed out,
+    with the first error, where a fix starts. `key` names the setting that holds `limit`,
+    `what` the rollouts ("rollouts of step 3")."""
+    if summary.errored / max(summary.rollouts, 1) > limit:
+        raise TooManyErrors(
+            f"{summary.errored} of {summary.rollouts} {what} errored or timed out, more than "
+            f"{key} = {limit}; the first: {summary.first_error}"
+        )
 
 
 def _mean(values: list[float] | list[int]) -> float:

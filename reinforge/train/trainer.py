@@ -97,8 +97,9 @@ def select_for_training(
         if not taught and not rewards_vary(group, config):
             selection.zero_variance_groups += 1
             continue
-        rewards = [_training_reward(t, config) for t in usable]
-        advantages = config.algorithm.advantage.compute(torch.tensor(rewards))  # (G,)
+        # float32: the dtype in which the rubric checks that every reward is finite
+        rewards = torch.tensor([_training_reward(t, config) for t in usable], dtype=torch.float32)
+        advantages = config.algorithm.advantage.compute(rewards)  # (G,)
         for trajectory, advantage in zip(usable, advantages.tolist(), strict=True):
             if config.truncated == "mask" and trajectory.status is Status.TRUNCATED:
                 selection.masked_truncated += 1
