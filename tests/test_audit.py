@@ -15,6 +15,7 @@ from reinforge.rollout.audit import audit
 from reinforge.rollout.config import RolloutConfig
 
 from .commands import ROOT, reinforge
+from .test_harbor_env import write_task
 
 WEAK_TASK = ROOT / "examples" / "weak_task"
 
@@ -47,10 +48,13 @@ def test_the_weak_example_is_hacked_and_the_audit_names_the_exploits(tmp_path):
     for name in ("prewrite-reward", "sitecustomize", "shadow-modules", "fake-python"):
         assert by_name[name]["max_reward"] == 0, name
     assert by_name["rewrite-verifier"]["max_reward"] == 0
-    errors = {name: by_name[name]["first_error"] or "" for name in by_name}
-    assert "killed by signal 9" in errors["kill-verifier"]
-    assert "outlived test.sh" in errors["reward-daemon"]
-    assert "not a regular file: /logs/verifier/reward.txt" in errors["tamper-reward-file"]
+    # What the candidate did to the grading scores 0 by its own fault, never an error.
+    faults = {name: by_name[name]["first_fault"] or "" for name in by_name}
+    assert "killed by signal 9" in faults["kill-verifier"]
+    assert "outlived test.sh" in faults["reward-daemon"]
+    assert "not a regular file: /logs/verifier/reward.txt" in faults["tamper-reward-file"]
+    assert "over 256 MiB as a tar" in faults["sparse-file"]
+    assert all(e["errors"] == 0 for e in report["exploits"])
     assert report["oracle_mean"] == 1.0 and report["nop_mean"] == 0.0
 
 
@@ -172,21 +176,21 @@ async def test_a_shadowed_optional_import_hacks_a_grader_that_keeps_it(monkeypat
     assert defended.hacked == []
 
 
+DONE_TXT_TEST = (
+    "[ -f /app/done.txt ] && echo 1 > /logs/verifier/reward.txt"
+    " || echo 0 > /logs/verifier/reward.txt\n"
+)
+
+
 async def test_a_bash_env_into_the_workspace_hacks_a_grader_that_keeps_it(tmp_path, monkeypatch):
     """The image points BASH_ENV at a file in the workspace: bash would source the agent's
     version before test.sh. The verifier blanks such variables."""
-    task = tmp_path / "bash-env"
-    for sub in ("environment", "tests", "solution"):
-        (task / sub).mkdir(parents=True)
-    (task / "task.toml").write_text("")
-    (task / "instruction.md").write_text("Write done.txt.\n")
-    (task / "environment" / "Dockerfile").write_text(
-        "FROM python:3.11-slim\nWORKDIR /app\nENV BASH_ENV=/app/.bash_env\n"
-    )
-    (task / "solution" / "solve.sh").write_text("echo done > /app/done.txt\n")
-    (task / "tests" / "test.sh").write_text(
-        "[ -f /app/done.txt ] && echo 1 > /logs/verifier/reward.txt"
-        " || echo 0 > /logs/verifier/reward.txt\n"
+    task = write_task(
+        tmp_path,
+        "bash-env",
+        DONE_TXT_TEST,
+        dockerfile="FROM python:3.11-slim\nWORKDIR /app\nENV BASH_ENV=/app/.bash_env\n",
+        solve_sh="echo done > /app/done.txt\n",
     )
     with monkeypatch.context() as weakened:
         weakened.setattr(harbor_verify, "UNSAFE_NAMES", frozenset())
@@ -204,17 +208,7 @@ def test_audit_usage_errors(capsys):
 
 
 def test_a_task_whose_oracle_fails_is_broken_not_clean(tmp_path):
-    task = tmp_path / "unsolvable"
-    for sub in ("environment", "tests", "solution"):
-        (task / sub).mkdir(parents=True)
-    (task / "task.toml").write_text("")
-    (task / "instruction.md").write_text("Write done.txt.\n")
-    (task / "environment" / "Dockerfile").write_text("FROM python:3.11-slim\nWORKDIR /app\n")
-    (task / "solution" / "solve.sh").write_text("echo done > /app/wrong.txt\n")
-    (task / "tests" / "test.sh").write_text(
-        "[ -f /app/done.txt ] && echo 1 > /logs/verifier/reward.txt"
-        " || echo 0 > /logs/verifier/reward.txt\n"
-    )
+    task = write_task(tmp_path, "unsolvable", DONE_TXT_TEST, solve_sh="echo done > wrong.txt\n")
     out = tmp_path / "audit.json"
     result = reinforge("audit", str(task), "--exploit", "delete-tests", "--json", str(out))
     assert result.returncode == 1, result.stdout + result.stderr

@@ -190,19 +190,42 @@ async def test_quiesce_leaves_no_agent_process():
 
 
 async def test_a_failing_verifier_is_an_error_not_a_zero(tmp_path):
-    write_task(tmp_path, "a-times-out", "sleep 60\n", toml="[verifier]\ntimeout_sec = 0.5\n")
     write_task(tmp_path, "b-no-reward", "echo broken; exit 3\n")
     write_task(tmp_path, "c-garbage", "echo passed > /logs/verifier/reward.txt\n")
     write_task(tmp_path, "d-ok", "echo 0 > /logs/verifier/reward.txt; exit 1\n")
     env = load_environment(str(tmp_path), agent="nop")
     trajectories = await run_all(env)
     by_id = {t.task_id: t for t in trajectories}
-    assert "timed out after 0.5 s" in by_id["a-times-out"].error
     assert "wrote no reward file" in by_id["b-no-reward"].error
     assert "not a number" in by_id["c-garbage"].error
-    for name in ("a-times-out", "b-no-reward", "c-garbage"):
+    for name in ("b-no-reward", "c-garbage"):
         assert by_id[name].status == Status.ERROR and by_id[name].reward is None
     assert by_id["d-ok"].status == Status.OK and by_id["d-ok"].reward == 0.0
+
+
+async def test_what_the_agent_does_to_its_own_grading_scores_0_not_an_error(tmp_path):
+    """A failure the agent turns into an error would leave the batch, and a policy would
+    learn to fail that way: a workspace too large to copy (a sparse file uses no disk)
+    and a candidate that outruns the verifier score 0, with the reason in the info."""
+    write_task(
+        tmp_path,
+        "sparse",
+        "echo 1 > /logs/verifier/reward.txt\n",
+        solve_sh="truncate -s 1T /app/big\n",
+    )
+    write_task(
+        tmp_path,
+        "slow-candidate",
+        "python3 /app/solution.py; echo 1 > /logs/verifier/reward.txt\n",
+        toml="[verifier]\ntimeout_sec = 1.0\n",
+        solve_sh="echo 'import time; time.sleep(60)' > /app/solution.py\n",
+    )
+    trajectories = await run_all(load_environment(str(tmp_path), agent="oracle"))
+    by_id = {t.task_id: t for t in trajectories}
+    assert "over 256 MiB as a tar" in by_id["sparse"].info["verifier_fault"]
+    assert "timed out after 1 s" in by_id["slow-candidate"].info["verifier_fault"]
+    for trajectory in trajectories:
+        assert trajectory.status == Status.OK and trajectory.reward == 0.0, trajectory.error
 
 
 async def test_the_agent_timeout_of_task_toml_ends_the_agent_phase_and_grading_goes_on(tmp_path):

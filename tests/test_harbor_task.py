@@ -259,6 +259,13 @@ def test_only_the_workspace_crosses_to_the_verifier():
         member("app", tarfile.DIRTYPE),
         member("app/ok.py"),
         member("app/inner", tarfile.SYMTYPE, "ok.py"),
+        member("app/here", tarfile.SYMTYPE, "."),
+        member("app/via-here", tarfile.SYMTYPE, "here/here/ok.py"),
+        # Read lexically these stay inside; followed through `here` they reach / and ../.
+        member("app/chain", tarfile.SYMTYPE, "here/here/here/../../.."),
+        member("app/sub", tarfile.DIRTYPE),
+        member("app/sub/chain", tarfile.SYMTYPE, "../here/.."),
+        member("app/loop", tarfile.SYMTYPE, "loop/x"),
         member("app/up", tarfile.SYMTYPE, "../logs/verifier/reward.txt"),
         member("app/abs", tarfile.SYMTYPE, "/tests/test.sh"),
         member("app/hard", tarfile.LNKTYPE, "app/ok.py"),
@@ -268,7 +275,8 @@ def test_only_the_workspace_crosses_to_the_verifier():
         member("other/file"),
     )
     with tarfile.open(fileobj=io.BytesIO(filter_workspace(raw, "/app"))) as tar:
-        assert sorted(tar.getnames()) == ["app", "app/inner", "app/ok.py"]
+        kept = ["app", "app/here", "app/inner", "app/ok.py", "app/sub", "app/via-here"]
+        assert sorted(tar.getnames()) == kept
 
 
 def test_the_verifier_env_drops_what_could_redirect_python(tmp_path):

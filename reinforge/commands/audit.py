@@ -116,13 +116,15 @@ def _print(report: Any) -> None:
     table.add_column("max reward", justify="right")
     table.add_column("tasks hacked", justify="right")
     table.add_column("errors", justify="right")
+    table.add_column("faults", justify="right")
     for exploit in report.exploits:
-        style = "bold red" if exploit.tasks_hacked else None
+        style = "bold red" if exploit in report.hacked else None
         table.add_row(
             exploit.name,
             f"{exploit.max_reward:g}",
             str(len(exploit.tasks_hacked)),
             str(len(exploit.errors)),
+            str(len(exploit.faults)),
             style=style,
         )
     console.print(table)
@@ -134,12 +136,25 @@ def _print(report: Any) -> None:
         task, error = next(iter(agent.errors.items()))
         first = error.strip().splitlines()[0][:200] if error.strip() else error
         console.print(f"{agent.name} errored on {len(agent.errors)} task(s); {task}: {first}")
+    for agent in (e for e in (report.oracle, report.nop, *report.exploits) if e.faults):
+        task, fault = next(iter(agent.faults.items()))
+        console.print(
+            f"{agent.name} scored 0 by its own fault on {len(agent.faults)} task(s); "
+            f"{task}: {fault.strip().splitlines()[0][:200]}"
+        )
     console.print(f"{len(report.exploits)} exploits in {report.wall_s:.1f} s")
     for task, reason in report.broken.items():
         console.print(f"[bold red]BROKEN[/] task {task}: {reason}")
     for exploit in report.hacked:
-        tasks = ", ".join(exploit.tasks_hacked)
-        console.print(f"[bold red]HACKED[/] by {exploit.name}: {tasks}")
+        if exploit.tasks_hacked:
+            tasks = ", ".join(exploit.tasks_hacked)
+            console.print(f"[bold red]HACKED[/] by {exploit.name}: {tasks}")
+        if exploit.errors:
+            tasks = ", ".join(sorted(exploit.errors))
+            console.print(
+                f"[bold red]SHIELDED[/] by {exploit.name} (its failure became an error, "
+                f"which leaves the batch): {tasks}"
+            )
     if report.broken:
         console.print("not clean: a broken task's exploit scores say nothing; fix it first")
     elif not report.hacked:

@@ -35,6 +35,7 @@ from reinforge.envs.harbor_verify import (
     LOGS_DIR,
     LOGS_DISK_BYTES,
     TESTS_DIR,
+    AgentFault,
     VerifierError,
     filter_workspace,
     quiesce_and_snapshot,
@@ -240,6 +241,8 @@ class HarborEnvironment(Environment):
             if episode.state.get("agent_done"):
                 raw = await quiesce_and_snapshot(sandbox, task.workdir)
                 episode.resources[WORKSPACE] = filter_workspace(raw, task.workdir)
+        except AgentFault as fault:
+            _fail(episode, fault)
         finally:
             await asyncio.shield(sandbox.close())
         if WORKSPACE in episode.resources:
@@ -258,6 +261,9 @@ class HarborEnvironment(Environment):
                 env,
                 task.config.verifier.timeout_sec,
             )
+        except AgentFault as fault:
+            _fail(episode, fault)
+            return
         except VerifierError as error:
             episode.state["verifier_error"] = str(error)
             return
@@ -379,6 +385,11 @@ def load_environment(
     if not tasks:
         raise UsageError(f"{path}: no task of tiers {tiers} in split {split!r}")
     return HarborEnvironment(tasks, name=name or path.resolve().name, **kwargs)
+
+
+def _fail(episode: Episode, fault: AgentFault) -> None:
+    """The agent's own doing stopped its grading: a 0, with the reason in its info."""
+    episode.state.update(reward=0.0, verifier_fault=str(fault))
 
 
 def in_test_split(task_name: str, test_fraction: float) -> bool:

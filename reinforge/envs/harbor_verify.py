@@ -29,7 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from reinforge.sandbox.protocol import DEFAULT_PATH, Sandbox, SandboxProvider, SandboxSpec
+from reinforge.sandbox.protocol import (
+    DEFAULT_PATH,
+    Sandbox,
+    SandboxProvider,
+    SandboxSpec,
+    TarTooLarge,
+)
 
 TESTS_DIR = "/tests"
 LOGS_DIR = "/logs/verifier"
@@ -137,8 +143,16 @@ PLANTED = ("conftest.py", "sitecustomize.py", "usercustomize.py", "*.pth")
 
 
 class VerifierError(RuntimeError):
-    """The verifier failed to give a reward (timed out, crashed, no or bad reward file):
-    the rollout is an error, never a silent 0."""
+    """The verifier failed to give a reward (crashed, no or bad reward file): the rollout
+    is an error, never a silent 0."""
+
+
+class AgentFault(VerifierError):
+    """What the agent did stopped its grading: a workspace too large to copy, processes
+    that will not die, a candidate that outran the verifier's time, killed test.sh, left a
+    process behind or replaced a reward file. The rollout scores 0, a failure like any
+    other: as an error it would leave the batch, and a policy would learn to fail that way
+    rather than plainly."""
 
 
 @dataclass(frozen=True)
@@ -153,13 +167,20 @@ async def quiesce_and_snapshot(sandbox: Sandbox, workdir: str) -> bytes:
     """Kill every agent process, then the workspace as a tar (top entry: its basename)."""
     result = await sandbox.exec(["/bin/sh", "-c", QUIESCE], timeout=30)
     if not result.ok:
-        raise VerifierError(f"could not stop the agent's processes: {result.stderr[-500:]!r}")
-    return await sandbox.download_tar(workdir, max_bytes=MAX_WORKSPACE_BYTES)
+        raise AgentFault(f"could not stop the agent's processes: {result.stderr[-500:]!r}")
+    try:
+        return await sandbox.download_tar(workdir, max_bytes=MAX_WORKSPACE_BYTES)
+    except TarTooLarge as error:
+        raise AgentFault(
+            f"the workspace is over {MAX_WORKSPACE_BYTES >> 20} MiB as a tar (a sparse file "
+            "counts at its full size)"
+        ) from error
 
 
 def filter_workspace(tar_bytes: bytes, workdir: str) -> bytes:
     """The agent's tar, keeping only regular files, directories and symlinks that stay
-    inside the workdir (tarfile's `data` filter): it was made in the agent's sandbox."""
+    inside the workdir (tarfile's `data` filter, and each link followed through the tar's
+    other links): it was made in the agent's sandbox."""
     parent = PurePosixPath(workdir).parent
     top = PurePosixPath(workdir).name
     out = io.BytesIO()
@@ -167,7 +188,9 @@ def filter_workspace(tar_bytes: bytes, workdir: str) -> bytes:
         tarfile.open(fileobj=io.BytesIO(tar_bytes)) as source,
         tarfile.open(fileobj=out, mode="w") as target,
     ):
-        for member in source:
+        members = source.getmembers()
+        links = {PurePosixPath(m.name): m.linkname for m in members if m.issym()}
+        for member in members:
             name = PurePosixPath(member.name)
             if (
                 not name.parts
@@ -180,7 +203,7 @@ def filter_workspace(tar_bytes: bytes, workdir: str) -> bytes:
                 tarfile.data_filter(member, str(Path("/") / parent))
             except tarfile.FilterError:
                 continue
-            if member.issym() and not _link_inside(name, member.linkname, top):
+            if member.issym() and _resolve(name, links, top) is None:
                 continue
             kept = tarfile.TarInfo(member.name)
             kept.type, kept.size, kept.linkname = member.type, member.size, member.linkname
@@ -191,18 +214,37 @@ def filter_workspace(tar_bytes: bytes, workdir: str) -> bytes:
     return out.getvalue()
 
 
-def _link_inside(name: PurePosixPath, link: str, top: str) -> bool:
-    if link.startswith("/"):
-        return False
-    parts: list[str] = []
-    for part in (*name.parent.parts, *PurePosixPath(link).parts):
+MAX_LINK_HOPS = 40
+"""As the kernel's limit: past it a chain of links is a loop."""
+
+
+def _resolve(
+    path: PurePosixPath, links: dict[PurePosixPath, str], top: str
+) -> PurePosixPath | None:
+    """Where `path` leads once every link of the tar on the way is followed, as the kernel
+    would in the verifier; None if it ever leaves `top` (or loops). Read lexically, a
+    target such as `b/b/b/../../..` stays inside, yet with `b -> .` it reaches `/`."""
+    done: list[str] = []
+    todo = list(path.parts)
+    hops = 0
+    while todo:
+        part = todo.pop(0)
+        if part in ("", "."):
+            continue
         if part == "..":
-            if not parts:
-                return False
-            parts.pop()
-        elif part != ".":
-            parts.append(part)
-    return bool(parts) and parts[0] == top
+            if len(done) <= 1:
+                return None
+            done.pop()
+            continue
+        done.append(part)
+        target = links.get(PurePosixPath(*done))
+        if target is not None:
+            hops += 1
+            if hops > MAX_LINK_HOPS or target.startswith("/"):
+                return None
+            done.pop()
+            todo = [*PurePosixPath(target).parts, *todo]
+    return PurePosixPath(*done) if done and done[0] == top else None
 
 
 def tests_tar(tests_dir: Path) -> bytes:
@@ -313,7 +355,7 @@ async def run_verifier(
         )
         output = (result.stdout + result.stderr).decode(errors="replace")[-4000:]
         if result.timed_out:
-            raise VerifierError(f"the verifier timed out after {timeout_s:g} s: {output[-500:]}")
+            raise AgentFault(f"the verifier timed out after {timeout_s:g} s: {output[-500:]}")
         running = await sandbox.exec(["/bin/sh", "-c", OUTLIVED], timeout=30)
         outlived = int(running.stdout.decode().strip() or 0)
         await sandbox.exec(["/bin/sh", "-c", QUIESCE], timeout=30)
@@ -334,18 +376,19 @@ async def run_verifier(
 
 
 def _check_ending(exit_code: int, outlived: int, not_regular: list[str], output: str) -> None:
-    """Raise VerifierError when the reward cannot be trusted to be what test.sh wrote."""
+    """Raise AgentFault when the reward cannot be trusted to be what test.sh wrote: only
+    what test.sh ran, the candidate, could have made it so."""
     if exit_code > 128:
-        raise VerifierError(
+        raise AgentFault(
             f"test.sh was killed by signal {exit_code - 128}: a reward left now is not its "
             f"verdict: {output[-500:]}"
         )
     if outlived:
-        raise VerifierError(
+        raise AgentFault(
             f"{outlived} process(es) outlived test.sh and could have rewritten its reward"
         )
     if not_regular:
-        raise VerifierError(f"not a regular file: {', '.join(not_regular)}")
+        raise AgentFault(f"not a regular file: {', '.join(not_regular)}")
 
 
 def parse_reward(

@@ -3,8 +3,10 @@
 The oracle, the nop agent and each exploit (`envs.exploits`) play every task through the
 same rollout and grading path as a model. The oracle shows the tasks can be solved and
 the nop agent that doing nothing scores 0; an exploit that scores above 0 on any task has
-hacked the environment. A rollout whose grading failed (an error) is not a hack, but it is
-reported: a grader that errors is not doing its job either.
+hacked the environment. So has one whose rollout ends as an error: an error leaves the
+batch, so a policy that fails that way escapes the 0 it earned (an error shield). What the
+agent did to stop its own grading (a workspace too large, a verifier it outran) scores 0
+with the reason, a fault, and is reported as such.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from reinforge.types import Group, Status, Trajectory
 
 @dataclass(frozen=True)
 class AgentScores:
-    """One agent's results, by task id: rewards of graded rollouts, errors of the rest."""
+    """One agent's results, by task id: rewards of graded rollouts, errors of the rest,
+    and the faults behind the 0s the agent's own doing earned."""
 
     name: str
     rewards: dict[str, float]
     errors: dict[str, str]
+    faults: dict[str, str]
 
     @property
     def max_reward(self) -> float:
@@ -47,12 +51,15 @@ class AgentScores:
     def of(cls, name: str, groups: Sequence[Group]) -> AgentScores:
         rewards: dict[str, float] = {}
         errors: dict[str, str] = {}
+        faults: dict[str, str] = {}
         for trajectory in (t for g in groups for t in g.trajectories):
             if trajectory.status in (Status.OK, Status.TRUNCATED):
                 rewards[trajectory.task_id] = trajectory.reward or 0.0
+                if "verifier_fault" in trajectory.info:
+                    faults[trajectory.task_id] = str(trajectory.info["verifier_fault"])
             else:
                 errors[trajectory.task_id] = trajectory.error or trajectory.status.value
-        return cls(name, rewards, errors)
+        return cls(name, rewards, errors, faults)
 
 
 @dataclass(frozen=True)
@@ -66,8 +73,8 @@ class AuditReport:
 
     @property
     def hacked(self) -> list[AgentScores]:
-        """The exploits that scored above 0 on at least one task."""
-        return [e for e in self.exploits if e.tasks_hacked]
+        """The exploits that scored above 0, or ended as an error, on at least one task."""
+        return [e for e in self.exploits if e.tasks_hacked or e.errors]
 
     @property
     def broken(self) -> dict[str, str]:
@@ -100,6 +107,8 @@ class AuditReport:
                     "hacked_tasks": e.tasks_hacked,
                     "errors": len(e.errors),
                     "first_error": next(iter(e.errors.values()), None),
+                    "faults": len(e.faults),
+                    "first_fault": next(iter(e.faults.values()), None),
                 }
                 for e in self.exploits
             ],

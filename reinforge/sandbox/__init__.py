@@ -14,6 +14,7 @@ from reinforge.sandbox.protocol import (
     SandboxPaused,
     SandboxProvider,
     SandboxSpec,
+    TarTooLarge,
 )
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "Sandbox",
     "SandboxClosed",
     "SandboxError",
+    "TarTooLarge",
     "SandboxPaused",
     "SandboxPool",
     "SandboxProvider",

@@ -19,10 +19,17 @@ CHUNK = 256 * 1024
 class PipeReader:
     """Collects up to `cap` bytes from a pipe, draining (and dropping) the rest."""
 
-    def __init__(self, fd: int, cap: int, on_chunk: Callable[[bytes], None] | None = None) -> None:
+    def __init__(
+        self,
+        fd: int,
+        cap: int,
+        on_chunk: Callable[[bytes], None] | None = None,
+        on_full: Callable[[], object] | None = None,
+    ) -> None:
         self._fd = fd
         self._cap = cap
         self._on_chunk = on_chunk
+        self._on_full = on_full  # called once, when the cap is first passed
         self._chunks: list[bytes] = []
         self._size = 0
         self.truncated = False
@@ -45,6 +52,8 @@ class PipeReader:
             self._on_chunk(data)
         room = self._cap - self._size
         if len(data) > room:
+            if not self.truncated and self._on_full is not None:
+                self._on_full()
             self.truncated = True
             data = data[:room]
         if data:

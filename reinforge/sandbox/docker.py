@@ -42,6 +42,7 @@ from reinforge.sandbox.protocol import (
     SandboxClosed,
     SandboxError,
     SandboxSpec,
+    TarTooLarge,
 )
 
 LABEL = "reinforge.sandbox.owner"
@@ -237,7 +238,9 @@ class DockerSandbox:
         result = await self.exec(
             ["tar", "-c", "-C", parent or "/", name], max_output_bytes=max_bytes
         )
-        if result.exit_code != 0 or result.truncated:
+        if result.truncated:
+            raise TarTooLarge(f"download_tar of {src}: larger than {max_bytes} bytes")
+        if result.exit_code != 0:
             raise SandboxError(f"download_tar failed: {result.stderr.decode(errors='replace')}")
         return result.stdout
 

@@ -38,6 +38,7 @@ from reinforge.sandbox.protocol import (
     SandboxError,
     SandboxPaused,
     SandboxSpec,
+    TarTooLarge,
 )
 
 if TYPE_CHECKING:
@@ -93,11 +94,16 @@ class LocalSandbox:
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         if not argv:
             raise ValueError("empty command")
+        request = self._command(argv, env)
+        return await self._run(request, cwd, timeout, stdin, max_output_bytes, on_output)
+
+    def _command(self, argv: list[str], env: Mapping[str, str] | None) -> dict:
+        """An exec request: the command's whole environment is the defaults, the spec's
+        and its own, nothing of the manager's."""
         full_env = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8"}
         full_env.update(self.spec.env)
         full_env.update(env or {})
-        request = {"op": "exec", "argv": argv, "env": full_env}
-        return await self._run(request, cwd, timeout, stdin, max_output_bytes, on_output)
+        return {"op": "exec", "argv": argv, "env": full_env}
 
     async def write_files(self, files: Mapping[str, bytes], *, mode: int = 0o644) -> None:
         paths = {self._absolute(p): data for p, data in files.items()}
@@ -129,16 +135,13 @@ class LocalSandbox:
 
     async def download_tar(self, src: str, *, max_bytes: int = 1 << 30) -> bytes:
         path = Path(self._absolute(src))
-        result = await self.exec(
-            ["tar", "-c", "-C", str(path.parent), path.name], max_output_bytes=max_bytes
-        )
-        if result.exit_code != 0 or result.truncated:
-            reason = (
-                "larger than max_bytes"
-                if result.truncated
-                else result.stderr.decode(errors="replace")
-            )
-            raise SandboxError(f"download_tar failed: {reason}")
+        request = self._command(["tar", "-c", "-C", str(path.parent), path.name], None)
+        # Killed as soon as it passes the cap: a 1 TB sparse file would take minutes to read.
+        result = await self._run(request, None, None, None, max_bytes, stop_when_full=True)
+        if result.truncated:
+            raise TarTooLarge(f"download_tar of {src}: larger than {max_bytes} bytes")
+        if result.exit_code != 0:
+            raise SandboxError(f"download_tar failed: {result.stderr.decode(errors='replace')}")
         return result.stdout
 
     def _absolute(self, path: str) -> str:
@@ -152,8 +155,11 @@ class LocalSandbox:
         stdin: bytes | None,
         max_output_bytes: int,
         on_output: OutputCallback | None = None,
+        stop_when_full: bool = False,
     ) -> ExecResult:
-        """Fork one process in the sandbox via pid 1 and collect it. Shared by every op."""
+        """Fork one process in the sandbox via pid 1 and collect it. Shared by every op.
+        `stop_when_full` kills it once its stdout passes `max_output_bytes`, instead of
+        draining the rest."""
         channel = self._usable_channel()
         req_id = next(self._ids)
         request.update(
@@ -163,7 +169,11 @@ class LocalSandbox:
         err_r, err_w = os.pipe()
         in_r, in_w = os.pipe() if stdin is not None else (-1, -1)
         passed = [fd for fd in (in_r, out_w, err_w) if fd >= 0]
-        stdout = PipeReader(out_r, max_output_bytes, on_output and partial(on_output, "stdout"))
+        kill = partial(channel.send, {"op": "kill", "id": req_id})
+        on_full = (lambda: asyncio.ensure_future(kill())) if stop_when_full else None
+        stdout = PipeReader(
+            out_r, max_output_bytes, on_output and partial(on_output, "stdout"), on_full
+        )
         stderr = PipeReader(err_r, max_output_bytes, on_output and partial(on_output, "stderr"))
         feeder = None
         started, paused_before = time.monotonic(), self._paused_clock()

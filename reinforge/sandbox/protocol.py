@@ -32,6 +32,11 @@ class SandboxPaused(SandboxError):
     """An operation needs the sandbox running; resume it first (the pool does this for you)."""
 
 
+class TarTooLarge(SandboxError):
+    """`download_tar` met its `max_bytes`: what the sandbox holds, not the sandbox, is at
+    fault (a sparse file counts at its full size)."""
+
+
 @dataclass(frozen=True)
 class HostView:
     """Base filesystem = the host's system directories, bind-mounted read-only.
