@@ -89,17 +89,22 @@ class Completion:
 
 
 @dataclass
-class _Request:
+class Request:
+    """A request as either engine's thread takes it from the inbox."""
+
     prompt_ids: list[int]
     params: SamplingParams
     future: Future[Completion]
     on_tokens: TokenListener | None = None
+    completion: Completion = field(default_factory=lambda: Completion([], [], [], "length"))
+
+
+@dataclass
+class _Request(Request):
     sampler: RowSampler = field(init=False)
-    completion: Completion = field(init=False)
 
     def __post_init__(self) -> None:
         self.sampler = RowSampler(self.params)
-        self.completion = Completion([], [], [], "length")
 
 
 @dataclass
@@ -117,10 +122,71 @@ class EngineStats:
     """Time spent in weight updates, waiting for the engine's lock included."""
 
 
-class Engine:
+class EngineThread:
+    """What both engines share: requests queue for one background thread that owns the
+    model (`_loop`), an asyncio front, and one lock that a model step, a weight update and
+    `paused()` each hold, so weights change between two steps, never during one."""
+
+    request_type: type[Request] = Request
+    close_timeout_s = 10.0
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.stats = EngineStats()
+        # Reentrant so that a weight update can happen inside `paused()` on one thread.
+        self._lock = threading.RLock()
+        self._stale = False  # requests in flight hold states of older weights (under the lock)
+        self._inbox: queue.Queue[Request | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def _start(self, name: str) -> None:
+        """Start the thread, once the subclass has everything its `_loop` reads."""
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        on_tokens: TokenListener | None = None,
+    ) -> Future[Completion]:
+        if not prompt_ids:
+            raise ValueError("prompt_ids must not be empty")
+        request = self.request_type(list(prompt_ids), params, Future(), on_tokens)
+        self._inbox.put(request)
+        return request.future
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        on_tokens: TokenListener | None = None,
+    ) -> Completion:
+        return await asyncio.wrap_future(self.submit(prompt_ids, params, on_tokens))
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold decoding for the body (e.g. a trainer's step on the shared model).
+
+        The version does not change; a weight update may happen inside.
+        """
+        with self._lock:
+            yield
+
+    def close(self) -> None:
+        self._inbox.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=self.close_timeout_s)
+
+
+class Engine(EngineThread):
     """Generates token-exact completions; thread-safe, with an asyncio front."""
 
     _BURST_S = 0.005
+    request_type = _Request
 
     def __init__(
         self,
@@ -138,17 +204,10 @@ class Engine:
         self.eos_ids = eos_ids_of(model.generation_config, tokenizer)
         self._cache_keyword = cache_keyword(model)  # read once: not per decode step
         self._decode_step = decode_step(model)
-        self.version = 0
-        self.stats = EngineStats()
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._prefixes = PrefixCache(config.prefix_cache_mib << 20)
-        # Held during a model step and a weight update; reentrant so that a weight update
-        # can happen inside `paused()` on the same thread.
-        self._lock = threading.RLock()
-        self._stale = False  # running rows hold states of older weights (under the lock)
-        self._inbox: queue.Queue[_Request | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name="reinforge-engine", daemon=True)
-        self._thread.start()
+        super().__init__()
+        self._start("reinforge-engine")
 
     @classmethod
     def from_spec(cls, spec: str, config: EngineConfig, device: torch.device) -> Engine:
@@ -156,26 +215,6 @@ class Engine:
         return cls(model.to(device), tokenizer, spec, config)
 
     # -- public API ---------------------------------------------------------------------
-
-    def submit(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        on_tokens: TokenListener | None = None,
-    ) -> Future[Completion]:
-        if not prompt_ids:
-            raise ValueError("prompt_ids must not be empty")
-        request = _Request(list(prompt_ids), params, Future(), on_tokens)
-        self._inbox.put(request)
-        return request.future
-
-    async def generate(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        on_tokens: TokenListener | None = None,
-    ) -> Completion:
-        return await asyncio.wrap_future(self.submit(prompt_ids, params, on_tokens))
 
     async def prompt_logprobs(self, token_ids: list[int], top_logprobs: int = 0) -> PromptLogprobs:
         """Each token's log-prob given those before it: one forward over the ids, between
@@ -231,19 +270,6 @@ class Engine:
                 self.version = new_version
         finally:
             self.stats.sync_s += time.perf_counter() - started
-
-    @contextmanager
-    def paused(self) -> Iterator[None]:
-        """Hold decoding for the body (e.g. a trainer's step on the shared model).
-
-        The version does not change; a `weight_update()` may be entered inside.
-        """
-        with self._lock:
-            yield
-
-    def close(self) -> None:
-        self._inbox.put(None)
-        self._thread.join(timeout=10)
 
     # -- the batching loop ----------------------------------------------------------------
 

@@ -33,13 +33,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import queue
-import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,10 +46,9 @@ from transformers import AutoConfig, GenerationConfig, PreTrainedTokenizerBase
 from reinforge.errors import UsageError
 from reinforge.policy.config import EngineConfig
 from reinforge.policy.engine import (
-    Completion,
-    EngineStats,
+    EngineThread,
+    Request,
     Sampled,
-    TokenListener,
     eos_ids_of,
     fail_requests,
     take_requests,
@@ -69,12 +65,7 @@ _INSTALL_HINT = (
 
 
 @dataclass
-class _Request:
-    prompt_ids: list[int]
-    params: SamplingParams
-    future: Future[Completion]
-    on_tokens: TokenListener | None = None
-    completion: Completion = field(default_factory=lambda: Completion([], [], [], "length"))
+class _Request(Request):
     vllm_id: str = ""
     prompt_logprobs: int | None = None
     """A scoring request: vLLM's `prompt_logprobs` (alternatives per prompt token), with
@@ -85,17 +76,19 @@ class _Request:
 _SCORING = SamplingParams(max_tokens=1, temperature=1.0, top_p=1.0, stop_loops=False)
 
 
-class VllmEngine:
+class VllmEngine(EngineThread):
     """Generates token-exact completions with vLLM; thread-safe, with an asyncio front."""
+
+    request_type = _Request
+    close_timeout_s = 30.0
 
     def __init__(
         self, folder: str, tokenizer: PreTrainedTokenizerBase, name: str, config: EngineConfig
     ) -> None:
+        super().__init__()
         self.name = name
         self.tokenizer = tokenizer
         self.config = config
-        self.version = 0
-        self.stats = EngineStats()
         self._llm = _start_vllm(folder, config)
         self._engine = self._llm.llm_engine
         self.max_context = int(self._engine.model_config.max_model_len)
@@ -103,11 +96,7 @@ class VllmEngine:
         self._shapes = _checkpoint_shapes(folder)
         self._ids = (str(n) for n in itertools.count())
         self._running: dict[str, _Request] = {}
-        self._lock = threading.RLock()
-        self._stale = False  # requests in flight hold states of older weights
-        self._inbox: queue.Queue[_Request | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name="reinforge-vllm", daemon=True)
-        self._thread.start()
+        self._start("reinforge-vllm")
 
     @classmethod
     def from_spec(cls, spec: str, config: EngineConfig) -> VllmEngine:
@@ -115,26 +104,6 @@ class VllmEngine:
         return cls(str(folder), load_tokenizer(spec), spec, config)
 
     # -- public API ---------------------------------------------------------------------
-
-    def submit(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        on_tokens: TokenListener | None = None,
-    ) -> Future[Completion]:
-        if not prompt_ids:
-            raise ValueError("prompt_ids must not be empty")
-        request = _Request(list(prompt_ids), params, Future(), on_tokens)
-        self._inbox.put(request)
-        return request.future
-
-    async def generate(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        on_tokens: TokenListener | None = None,
-    ) -> Completion:
-        return await asyncio.wrap_future(self.submit(prompt_ids, params, on_tokens))
 
     async def prompt_logprobs(self, token_ids: list[int], top_logprobs: int = 0) -> PromptLogprobs:
         """vLLM's prompt log-probs, which it computes from the raw logits (its
@@ -166,15 +135,6 @@ class VllmEngine:
                 return self.version
         finally:
             self.stats.sync_s += time.perf_counter() - started
-
-    @contextmanager
-    def paused(self) -> Iterator[None]:
-        with self._lock:
-            yield
-
-    def close(self) -> None:
-        self._inbox.put(None)
-        self._thread.join(timeout=30)
 
     # -- the stepping loop ----------------------------------------------------------------
 
