@@ -1,8 +1,10 @@
-"""The environments of docs/environments.md and README.md, as a user meets them.
+"""The environments of docs/environments.md and README.md, and the SFT data of docs/sft.md,
+as a user meets them.
 
 The doc quotes the example files byte for byte; each example, loaded through the registry
 as `reinforge eval PATH` loads it, plays whole episodes from a script (no model) to the
-reward and status the doc promises; and the multi-turn one runs through the real CLI.
+reward and status the doc promises; the multi-turn one runs through the real CLI; and the
+hand-written SFT data is kept and rendered as the doc says.
 """
 
 from __future__ import annotations
@@ -243,3 +245,40 @@ def test_guess_env_runs_under_reinforge_eval(tmp_path):
     assert set(summary["status"]) <= {"ok", "truncated"} and summary["turns_mean"] <= 3
     for line in (out / "trajectories.jsonl").read_text().splitlines():
         assert set(json.loads(line)["info"]) == {"compared", "answers", "solved"}
+
+
+# --- docs/sft.md: the data format ----------------------------------------------------------
+
+
+SFT_DOC = ROOT / "docs" / "sft.md"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "kept"),
+    [
+        ({"min_reward": 1.0}, ["add-1", "notes"]),
+        ({}, ["add-1", "add-2", "notes", "say-hi"]),
+        ({"statuses": ["ok", "truncated"]}, ["add-1", "add-2", "add-3", "notes", "say-hi"]),
+    ],
+)
+def test_sft_doc_example_data_is_read_as_the_doc_says(tmp_path, overrides, kept):
+    """The hand-written JSONL of docs/sft.md, through the loader `reinforge sft` uses: the
+    filters keep what the doc says, every kept line is rendered from its messages, and the
+    tool call is trained as the template's `<tool_call>` block."""
+    from reinforge.policy.models import load_tokenizer
+    from reinforge.train.config import SFTConfig
+    from reinforge.train.sft import load_data
+
+    block = re.search(r"```jsonl\n(.*?)```", SFT_DOC.read_text(encoding="utf-8"), re.DOTALL)
+    assert block is not None and len(block.group(1).splitlines()) == 5
+    data_file = tmp_path / "data.jsonl"
+    data_file.write_text(block.group(1), encoding="utf-8")
+    tokenizer = load_tokenizer("tiny-random")
+    data = load_data(SFTConfig(data=[data_file], **overrides), tokenizer)
+    assert data.read == 5 and data.rendered == len(kept)
+    names = [example.name.split("#")[0].removeprefix("trajectory ") for example in data.examples]
+    assert names == kept
+    (notes,) = [e for e in data.examples if e.name.startswith("trajectory notes#")]
+    trained_ids = [t for t, m in zip(notes.token_ids, notes.loss_mask, strict=True) if m]
+    trained = tokenizer.decode(trained_ids)
+    assert trained.startswith("<tool_call>\n") and trained.endswith("It says hello.<|im_end|>")
