@@ -3,16 +3,19 @@
 Every command module exposes `add_arguments(parser)`, which adds its arguments and sets
 `func` to a callable taking the parsed namespace and returning an exit code. A user
 mistake raises `UsageError`: one clear line on stderr and exit code 2, never a traceback.
-Too many failed rollouts raise `TooManyErrors`: one line, exit code 3.
+Too many failed rollouts raise `TooManyErrors`: one line, exit code 3. Ctrl-C is one line
+and exit code 130; a run saves what it can first (`Interrupted` says what), and the line
+ends with the command that resumes it.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from importlib import import_module
 
-from reinforge.errors import ERRORS_EXIT, TooManyErrors, UsageError
+from reinforge.errors import ERRORS_EXIT, INTERRUPTED_EXIT, Interrupted, TooManyErrors, UsageError
 
 COMMANDS = {
     "serve": "serve a model over an OpenAI-compatible API (token ids included)",
@@ -54,8 +57,21 @@ def main(argv: list[str] | None = None) -> int:
     except TooManyErrors as error:
         print(f"reinforge {args.command}: error: {error}", file=sys.stderr)
         return ERRORS_EXIT
-    except KeyboardInterrupt:
-        return 130
+    except (Interrupted, KeyboardInterrupt) as error:
+        what = f": {error}" if isinstance(error, Interrupted) else ""
+        print(
+            f"reinforge {args.command}: interrupted{what}{_resuming(args, argv)}", file=sys.stderr
+        )
+        return INTERRUPTED_EXIT
+
+
+def _resuming(args: argparse.Namespace, argv: list[str]) -> str:
+    """How to go on, for a command that resumes (`--resume`): its own command line, made
+    to resume rather than start over."""
+    if not hasattr(args, "resume"):
+        return ""
+    again = [arg for arg in argv if arg not in ("--overwrite", "--resume")] + ["--resume"]
+    return f"; resume with: reinforge {shlex.join(again)}"
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:

@@ -1,5 +1,6 @@
 """Errors reported to a user in one line, without a traceback: they asked for something
-wrong (exit code 2), or too many of their rollouts failed (exit code 3)."""
+wrong (exit code 2), too many of their rollouts failed (exit code 3), or they stopped a
+run with Ctrl-C (exit code 130)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,16 @@ class TooManyErrors(Exception):
     or a hard task. One line and `ERRORS_EXIT`, after the command has written its record."""
 
 
+INTERRUPTED_EXIT = 130
+"""Exit code of a command stopped by Ctrl-C (128 + SIGINT, as a shell reports it)."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C stopped a run, which has saved what it could: the message says what became
+    of the step in flight and which checkpoint the run resumes from, so that a user knows
+    what was lost before they resume."""
+
+
 def first_problem(error: ValidationError) -> tuple[str, str]:
     """The dotted path and the message of a validation error's first problem: one line is
     what a user reads, and the first problem is usually the cause of the rest."""
@@ -53,7 +64,13 @@ def raised_at(error: BaseException) -> str:
     library or an installed package), where a fix would go; "" when there is none."""
     if isinstance(error, SyntaxError) and error.filename:
         return f"{error.filename}:{error.lineno}"
-    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+    return user_line(traceback.extract_tb(error.__traceback__))
+
+
+def user_line(frames: traceback.StackSummary) -> str:
+    """`file:line` of the innermost of `frames` in the user's code (not the standard
+    library or an installed package); "" when there is none."""
+    for frame in reversed(frames):
         path = Path(frame.filename)
         if frame.filename.startswith("<") or any(path.is_relative_to(lib) for lib in _LIBRARIES):
             continue

@@ -129,3 +129,17 @@ def test_a_log_hears_from_a_long_step(monkeypatch):
         while "running" not in out.getvalue() and time.monotonic() < deadline:
             time.sleep(0.01)
     assert out.getvalue().startswith("step    1/2  running, ")
+
+
+def test_the_live_panel_says_once_that_a_step_trained_nothing_and_counts_them_at_the_end():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, color_system=None, width=120)
+    idle = {"train": None, "tasks": 3}  # its 3 groups each of equal rewards
+    with TrainView(console, steps=3) as view:
+        view.update(_row(1, 0.5).model_copy(update=idle))
+        view.update(_row(2, 0.5))
+        view.update(_row(3, 0.5).model_copy(update=idle))
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
+    assert text.count("trained nothing: every group's rewards were equal") == 1
+    assert "warning: step 1 trained nothing" in text
+    assert text.rstrip().endswith("2 of 3 steps trained nothing (every group's rewards were equal)")

@@ -48,11 +48,20 @@ def load_command_config(root: type[Root], args: argparse.Namespace) -> Root:
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, example: str) -> None:
-    """`[CONFIG.toml] [KEY=VALUE ...] [--resume]`; `example` shows a few overrides."""
+    """`[CONFIG.toml] [KEY=VALUE ...] [--resume | --overwrite]`; `example` shows a few
+    overrides."""
     parser.add_argument("config", nargs="?", help="TOML config (only overrides)")
     add_overrides(parser, example)
-    parser.add_argument(
-        "--resume", action="store_true", help="continue the run from its last checkpoint"
+    starts = parser.add_mutually_exclusive_group()
+    starts.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run from its last checkpoint (from step 0 when it has none)",
+    )
+    starts.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="delete the run that the run directory holds and start over",
     )
 
 

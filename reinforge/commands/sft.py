@@ -47,5 +47,5 @@ def run(args: argparse.Namespace) -> int:
             soft_wrap=True,
         )
 
-    train_sft(config, data.examples, show, resume=args.resume)
+    train_sft(config, data.examples, show, resume=args.resume, overwrite=args.overwrite)
     return 0

@@ -26,5 +26,5 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     console.print(f"run directory: {config.run_dir}")
     with TrainView(console, config.run.steps) as view:
-        asyncio.run(train(config, view.update, resume=args.resume))
+        asyncio.run(train(config, view.update, args.resume, args.overwrite))
     return 0

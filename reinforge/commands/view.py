@@ -2,7 +2,9 @@
 
 On a terminal a live panel redraws after each step; elsewhere (CI logs, pipes) each step is
 one plain line, so logs stay readable. Both show the step's `StepMetrics`, the record
-`metrics.jsonl` holds.
+`metrics.jsonl` holds. A step that trained nothing, every group's rewards being equal, is
+said in words the first time and counted at the end: a run can train nothing and exit 0,
+and `train: null` in its record is easy to miss.
 """
 
 from __future__ import annotations
@@ -101,6 +103,20 @@ def _staleness(metrics: StepMetrics) -> str:
     )
 
 
+def trained_nothing(metrics: StepMetrics) -> bool:
+    """Whether every group of the step had equal rewards, so no advantage to learn from."""
+    return metrics.train is None and metrics.zero_variance_groups == metrics.tasks
+
+
+def nothing_trained_line(metrics: StepMetrics) -> str:
+    return (
+        f"warning: step {metrics.step} trained nothing: every group's rewards were equal "
+        "(zero variance), so no rollout was better than another; try an SFT warm-up "
+        "(reinforge sft), more rollouts per task (rollout.rollouts_per_task), or a graded "
+        "reward that gives partial credit"
+    )
+
+
 def _trained(metrics: StepMetrics, name: str) -> str:
     """A trainer or loss number of the step, or "-" when nothing trained (or the loss has
     no such number)."""
@@ -137,11 +153,20 @@ class TrainView:
         self.heartbeat.__exit__(*exc)
         if self.console.is_terminal:
             self.live.__exit__(*exc)
+        idle = sum(trained_nothing(row) for row in self.rows)
+        if idle:
+            self.console.print(
+                f"{idle} of {len(self.rows)} steps trained nothing "
+                "(every group's rewards were equal)",
+                highlight=False,
+                soft_wrap=True,
+            )
 
     def _waiting(self, elapsed_s: float) -> str:
         return f"step {len(self.rows) + 1:4d}/{self.steps}  running, {elapsed_s:.0f} s since start"
 
     def update(self, metrics: StepMetrics) -> None:
+        first_idle = trained_nothing(metrics) and not any(map(trained_nothing, self.rows))
         self.rows.append(metrics)
         self.progress.update(self.task, completed=metrics.step)
         if self.console.is_terminal:
@@ -152,6 +177,8 @@ class TrainView:
                 line = error_line(metrics, self.steps)
                 self.console.print(line, highlight=False, soft_wrap=True, markup=False)
             self.heartbeat.beat()
+        if first_idle:
+            self.console.print(nothing_trained_line(metrics), highlight=False, soft_wrap=True)
 
     def _render(self) -> Group:
         rewards = [row.reward_mean for row in self.rows]

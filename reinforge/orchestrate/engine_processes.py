@@ -163,7 +163,9 @@ def silent(index: int, log: Path) -> str:
 
 def spawn(settings: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     """`reinforge serve --config settings` on 127.0.0.1:`port`, logging to `log`, dying
-    with this process."""
+    with this process. In a process group of its own, so that Ctrl-C in the terminal
+    stops the run, which stops its engines once it has saved what it can, rather than
+    the engines while a step still syncs weights to them."""
     argv = [sys.executable, "-m", "reinforge", "serve", "--config", str(settings),
             "--port", str(port)]  # fmt: skip
     with log.open("ab") as out:
@@ -172,6 +174,7 @@ def spawn(settings: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
+            process_group=0,
             preexec_fn=None if _LIBC is None else partial(_die_with_parent, os.getpid()),
         )
 

@@ -23,19 +23,30 @@ from reinforge.types import Group, Record
 
 class RunRecorder:
     """One run directory, after `start_step` steps (0, or where a resumed run's checkpoint
-    left it) to `config.run.steps`; a checkpoint every `run.checkpoint_every` steps and at
-    the last."""
+    left it) to `config.run.steps`; a checkpoint every `run.checkpoint_every` steps, at
+    the last, and on an interruption (`save_last`). `resume` and `overwrite`: as the
+    command line says (`open_run`)."""
 
     def __init__(
-        self, config: Config, tokenizer: PreTrainedTokenizerBase, start_step: int = 0
+        self,
+        config: Config,
+        tokenizer: PreTrainedTokenizerBase,
+        start_step: int,
+        resume: bool,
+        overwrite: bool,
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.directory = config.run_dir
+        # steps recorded, and the step of the newest checkpoint (0: none)
+        self.steps = self.checkpointed = start_step
+        self._state: dict[str, Any] = {}
         # Trackers first: one that cannot start leaves no half-made run directory behind.
         self._trackers = Trackers(config.run, config.model_dump(mode="json"))
         try:
-            self._metrics = open_run(self.directory, config.model_dump_json(indent=2), start_step)
+            self._metrics = open_run(
+                self.directory, config.model_dump_json(indent=2), start_step, resume, overwrite
+            )
         except BaseException:
             self._trackers.close()
             raise
@@ -61,16 +72,32 @@ class RunRecorder:
         self._metrics.write(metrics.model_dump_json() + "\n")
         self._metrics.flush()
         self._trackers.log(step, metrics)
+        self.steps, self._state = step, state
         if step % self.config.run.checkpoint_every == 0 or step == self.config.run.steps:
-            state = {"step": step, **state, **trainer.state_dict()}
-            write_checkpoint(
-                self.directory,
-                step,
-                trainer.save_model,
-                self.tokenizer,
-                state,
-                keep=self.config.run.keep_checkpoints,
-            )
+            self._checkpoint(trainer)
+
+    def save_last(self, trainer: PolicyTrainer) -> str:
+        """On an interruption, a checkpoint of the last step recorded unless it has one, so
+        that no step done is lost; `trainer` must not have trained since. Says where the
+        run resumes."""
+        if self.steps > self.checkpointed:
+            self._checkpoint(trainer)
+            return f"checkpoint of step {self.steps} saved"
+        if self.checkpointed:
+            return f"checkpoint of step {self.checkpointed} already saved"
+        return "no step done, nothing to save"
+
+    def _checkpoint(self, trainer: PolicyTrainer) -> None:
+        state = {"step": self.steps, **self._state, **trainer.state_dict()}
+        write_checkpoint(
+            self.directory,
+            self.steps,
+            trainer.save_model,
+            self.tokenizer,
+            state,
+            keep=self.config.run.keep_checkpoints,
+        )
+        self.checkpointed = self.steps
 
     def close(self) -> None:
         self._metrics.close()

@@ -22,7 +22,7 @@ from reinforge.orchestrate.record import RunRecorder
 from reinforge.orchestrate.trackers import check_installed
 from reinforge.policy.models import load_tokenizer
 from reinforge.train.algorithm import PPOClipLoss, SFTLoss
-from reinforge.train.checkpoints import latest_checkpoint, load_progress
+from reinforge.train.checkpoints import load_progress, resume_from
 from reinforge.train.sft import Example, schedule, train_batch
 
 
@@ -51,14 +51,15 @@ def train_sft(
     examples: list[Example],
     on_step: Callable[[SftStepMetrics], None],
     resume: bool = False,
+    overwrite: bool = False,
 ) -> Path:
-    """Train `config.sft.epochs` epochs over `examples` (config from `sft_config`), or what
-    is left of them after the run's last checkpoint; returns the run directory."""
+    """Train `config.sft.epochs` epochs over `examples` (config from `sft_config`), or with
+    `resume` what is left of them after the run's last checkpoint (all of them when there
+    is none); `overwrite`: start over in a directory that holds a run. Returns the run
+    directory."""
     check_installed(config.run)
     run_dir = config.run_dir
-    checkpoint = latest_checkpoint(run_dir) if resume else None
-    if resume and checkpoint is None:
-        raise UsageError(f"nothing to resume: no checkpoint in {run_dir}")
+    checkpoint = resume_from(run_dir) if resume else None
     start = 0
     if checkpoint is not None:
         state = load_progress(checkpoint)
@@ -72,7 +73,7 @@ def train_sft(
     steps = schedule(len(examples), config.sft, config.run.seed)
     tokenizer = load_tokenizer(config.model.name)
     with (
-        RunRecorder(config, tokenizer, start) as recorder,
+        RunRecorder(config, tokenizer, start, resume, overwrite) as recorder,
         open_cluster(config) as cluster,
         closing(open_trainer(config, config.trainer, cluster, checkpoint)) as trainer,
     ):

@@ -9,6 +9,7 @@ version, optimizer, schedule and RNG state). RL and SFT runs write the same layo
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,11 @@ from transformers import PreTrainedTokenizerBase
 from reinforge.errors import UsageError
 
 TRAINER_STATE = "trainer_state.pt"
+RUN_ENTRIES = ("config.json", "metrics.jsonl", "trajectories", "checkpoints", "engines")
+"""What a run writes in its directory (`engines`: the logs of its own engine processes):
+what `--overwrite` deletes, and nothing else there."""
+
+log = logging.getLogger(__name__)
 
 
 def write_checkpoint(
@@ -56,6 +62,16 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1].parent if found else None
 
 
+def resume_from(run_dir: Path) -> Path | None:
+    """The checkpoint a resumed run continues from; None, said in one line, when it has
+    none: a run stopped before its first checkpoint starts again from step 0 rather than
+    being stuck, neither resumable nor restartable."""
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        log.warning("no checkpoint in %s: the run starts from step 0", run_dir)
+    return checkpoint
+
+
 def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
     return torch.load(checkpoint / TRAINER_STATE, weights_only=False)
 
@@ -67,23 +83,55 @@ def load_progress(checkpoint: Path) -> dict[str, Any]:
     return torch.load(checkpoint / TRAINER_STATE, weights_only=False, mmap=True)
 
 
-def open_run(run_dir: Path, config_json: str, start_step: int) -> TextIO:
+def open_run(
+    run_dir: Path, config_json: str, start_step: int, resume: bool, overwrite: bool
+) -> TextIO:
     """`run_dir` with config.json; returns metrics.jsonl open for appending. A fresh run
-    never reuses a directory that holds a run; a resumed one drops the metrics of the steps
-    after its checkpoint, which run again."""
+    never takes over a directory that holds a run, unless told to `overwrite` it (what the
+    old run wrote is deleted). A resumed one (`resume`, from `start_step`) drops what the
+    steps after its checkpoint wrote, since they run again: their metrics lines and
+    trajectory files, either of which the step in flight may have left cut short."""
     metrics = run_dir / "metrics.jsonl"
-    if start_step == 0 and metrics.exists() and metrics.stat().st_size > 0:
-        raise UsageError(
-            f"{run_dir} already holds a run: pass --resume to continue it, "
-            "or choose another run.name"
-        )
+    if not resume and metrics.exists() and metrics.stat().st_size > 0:
+        if not overwrite:
+            raise UsageError(
+                f"{run_dir} already holds a run: pass --resume to continue it, --overwrite "
+                "to delete it and start over, or choose another run.name"
+            )
+        for entry in (run_dir / name for name in RUN_ENTRIES):
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(config_json + "\n")
-    if metrics.exists():
-        kept = [
-            line
-            for line in metrics.read_text(encoding="utf-8").splitlines()
-            if line.strip() and json.loads(line)["step"] <= start_step
-        ]
-        metrics.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+    if resume:
+        if metrics.exists():  # rewritten aside and renamed: a kill now loses no line
+            kept = [line for line, step in _metrics_steps(metrics) if step <= start_step]
+            staging = metrics.with_name(f".{metrics.name}.partial")
+            staging.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+            staging.replace(metrics)
+        for path in (run_dir / "trajectories").glob("step_*.jsonl"):
+            if int(path.stem.removeprefix("step_")) > start_step:
+                path.unlink()
     return metrics.open("a", encoding="utf-8")
+
+
+def _metrics_steps(metrics: Path) -> list[tuple[str, int]]:
+    """Each line of metrics.jsonl with its step. A last line cut short (a kill or a full
+    disk mid-write) is dropped, said in one line: its step runs again anyway. A damaged
+    line before it is a usage error, as what the run did there is unknown."""
+    lines = metrics.read_text("utf-8", "replace").splitlines()
+    steps: list[tuple[str, int]] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            steps.append((line, json.loads(line)["step"]))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise UsageError(
+                    f"{metrics}: line {number} is not a metrics record; remove it to resume"
+                ) from None
+            log.warning("%s: dropped its last line, cut short mid-write", metrics)
+    return steps

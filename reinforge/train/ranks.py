@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Callable
 from datetime import timedelta
@@ -164,7 +165,9 @@ def _serve(
     args: tuple[Any, ...],
 ) -> None:
     """A rank's life: join the group, build the object, answer calls until told to stop
-    (None) or until the driver is gone."""
+    (None) or until the driver is gone. Ctrl-C, which a terminal sends to every process of
+    the run, is the driver's to act on: it still needs the ranks to save a checkpoint."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if not torch.cuda.is_available():  # the ranks share the cores rather than each taking all
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // config.world_size))
     try:
