@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
+import threading
+import time
 
 import pytest
 
-from reinforge.envs import Continue, Environment, Episode, Finished, Harness, Reward, Rubric
-from reinforge.policy.client import PolicyClient
+from reinforge.envs import Continue, Environment, Episode, Finished, Harness, Reward, Rubric, Tool
+from reinforge.envs.blocking import abandoned_threads
+from reinforge.policy.client import EpisodeClient, PolicyClient
 from reinforge.policy.config import SamplingConfig
 from reinforge.policy.records import token_record_problems
 from reinforge.rollout.config import RolloutConfig
 from reinforge.rollout.generator import generate_groups
 from reinforge.rollout.summary import summarize
 from reinforge.types import Status, Task, masked_spans
+
+from .envs.scripted import Script, ScriptedClient
 
 
 def tasks(n: int) -> list[Task]:
@@ -137,3 +143,146 @@ async def test_a_failed_start_is_stopped_and_a_hanging_grader_is_an_error(client
     assert statuses["t0"].status == Status.ERROR and "start failed" in statuses["t0"].error
     assert statuses["t1"].status == Status.ERROR and "grading exceeded" in statuses["t1"].error
     assert statuses["t2"].reward == 1.0
+
+
+class ScriptedSource:
+    """Rollouts without a model: every episode's client replies from `script` (no model
+    writes a tool call on cue), and has no token record."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+
+    def episode(self, max_total_tokens: int | None, seed: int | None) -> EpisodeClient:
+        client = EpisodeClient(lambda: None, max_total_tokens, seed)  # type: ignore
+        client.chat = ScriptedClient(self.script).chat  # type: ignore[method-assign]
+        return client
+
+
+async def test_hanging_sync_env_tool_and_reward_code_times_out_and_the_run_goes_on():
+    release = threading.Event()  # the hung threads end with the test
+
+    def stuck(note: str) -> str:
+        """Hang until the test ends."""
+        release.wait()
+        return note
+
+    class Hangs(Environment):
+        def setup(self, task: Task) -> dict:
+            if task.id == "t1":
+                release.wait()
+            return {}
+
+        async def respond(self, episode: Episode) -> Finished:
+            if episode.task.id == "t4":
+                time.sleep(60)  # async code that blocks the event loop
+            return Finished()
+
+    def graded(episode: Episode) -> float:
+        if episode.task.id == "t3":
+            release.wait()
+        return 1.0
+
+    def reply(messages: list) -> str:  # t2's first turn calls the tool
+        if messages[0]["content"] == "task 2" and len(messages) == 1:
+            return '<tool_call>\n{"name": "stuck", "arguments": {"note": "x"}}\n</tool_call>'
+        return "done"
+
+    env = Hangs(Harness(tools=[Tool(stuck)], max_turns=2), Rubric(Reward(graded)))
+    config = RolloutConfig(timeout_s=5.0, max_block_s=0.5)
+    try:
+        groups = await generate_groups(env, tasks(5), ScriptedSource(reply), config, 2, None)
+        by_task = {g.task.id: g.trajectories for g in groups}
+        assert all(t.status == Status.OK and t.reward == 1.0 for t in by_task["t0"])
+        for trajectory in by_task["t1"]:  # a sync environment hook
+            assert trajectory.status == Status.TIMEOUT
+            assert trajectory.error == (
+                "rollout exceeded 5.0 s; left running in abandoned threads: Environment.new_episode"
+            )
+        for trajectory in by_task["t2"]:  # a sync tool
+            assert trajectory.status == Status.TIMEOUT
+            assert trajectory.error.endswith("abandoned threads: " + stuck.__qualname__)
+            assert [m["role"] for m in trajectory.messages] == ["user", "assistant"]
+        for trajectory in by_task["t3"]:  # a sync reward
+            assert trajectory.status == Status.ERROR and trajectory.reward is None
+            assert trajectory.error.startswith("grading exceeded 5.0 s; left running in ")
+        line = inspect.getsourcelines(Hangs.respond)[1] + 2
+        for trajectory in by_task["t4"]:  # async environment code
+            assert trajectory.status == Status.ERROR
+            assert trajectory.error.startswith("rollout held the event loop for ")
+            assert f"at {__file__}:{line}, past rollout.max_block_s (0.5 s)" in trajectory.error
+        assert abandoned_threads() >= 6
+    finally:
+        release.set()
+
+
+async def test_async_code_that_blocks_the_loop_fails_only_its_own_rollouts(client):
+    class Sleepy(Environment):
+        async def respond(self, episode: Episode) -> Finished:
+            if episode.task.id == "t1":
+                time.sleep(60)
+            return Finished()
+
+    config = RolloutConfig(timeout_s=120.0, max_block_s=0.5)
+    started = time.monotonic()
+    groups = await generate_groups(
+        Sleepy(Harness(max_tokens_per_turn=3)), tasks(3), client, config, 2, None
+    )
+    assert time.monotonic() - started < 60  # the sleeps were cut short
+    by_task = {g.task.id: g.trajectories for g in groups}
+    for trajectory in by_task["t0"] + by_task["t2"]:  # the engine served them meanwhile
+        assert trajectory.status == Status.TRUNCATED and trajectory.token_ids
+    for trajectory in by_task["t1"]:
+        assert trajectory.status == Status.ERROR and "held the event loop" in trajectory.error
+
+
+async def test_huge_tool_results_and_environment_messages_are_cut_with_a_note():
+    def dump() -> str:
+        """Print a lot."""
+        return "y" * 100_000_000
+
+    class Verbose(Environment):
+        async def respond(self, episode: Episode) -> Continue | Finished:
+            if episode.turns == 2:
+                return Continue([{"role": "user", "content": "z" * 100_000_000}])
+            return Finished()
+
+    script = iter(['<tool_call>\n{"name": "dump", "arguments": {}}\n</tool_call>', "a", "b"])
+    env = Verbose(Harness(tools=[Tool(dump)], max_turns=3))
+    config = RolloutConfig(max_message_bytes=1000)
+    (group,) = await generate_groups(
+        env, tasks(1), ScriptedSource(lambda _: next(script)), config, 1, None
+    )
+    (trajectory,) = group.trajectories
+    assert trajectory.status == Status.OK
+    roles = [m["role"] for m in trajectory.messages]
+    assert roles == ["user", "assistant", "tool", "assistant", "user", "assistant"]
+    for message, letter in zip(trajectory.messages[2::2], "yz", strict=True):
+        assert message["content"] == letter * 1000 + (
+            "\n[cut at 1000 bytes of 100000000: messages from tools and the environment are "
+            "cut at rollout.max_message_bytes]"
+        )
+
+
+async def test_a_huge_environment_message_does_not_stall_the_next_turn(client):
+    class Verbose(Environment):
+        async def respond(self, episode: Episode) -> Continue | Finished:
+            if episode.turns == 1:
+                return Continue([{"role": "user", "content": "z " * 50_000_000}])
+            return Finished()
+
+    env = Verbose(Harness(max_turns=2, max_tokens_per_turn=2))
+    config = RolloutConfig(timeout_s=60.0, max_message_bytes=2000)
+    (group,) = await generate_groups(env, tasks(1), client, config, 1, None)
+    (trajectory,) = group.trajectories
+    assert trajectory.status == Status.TRUNCATED and trajectory.turns == 2  # sampled after it
+    assert len(trajectory.messages[2]["content"].encode()) < 2200
+
+
+def test_cutting_keeps_whole_characters_and_text_parts_share_the_limit():
+    episode = Episode(Task(id="t", prompt=[]), [], max_message_bytes=5)
+    parts = [{"type": "text", "text": "abc"}, {"type": "text", "text": "déf"}]
+    episode.add([{"role": "user", "content": "ééé"}, {"role": "user", "content": parts}])
+    assert episode.messages[0]["content"].startswith("éé\n[cut at 5 bytes of 6:")
+    first, second = episode.messages[1]["content"]
+    assert first == {"type": "text", "text": "abc"}
+    assert second["text"].startswith("d\n[cut at 2 bytes of 4:")

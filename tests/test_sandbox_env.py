@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from reinforge.envs.registry import load_environment
@@ -126,3 +127,31 @@ def test_the_example_runs_under_eval(tmp_path):
     assert result.returncode == 0, result.stderr
     rows = (tmp_path / "trajectories.jsonl").read_text().splitlines()
     assert len(rows) == 4 and all(json.loads(r)["status"] != "error" for r in rows)
+
+
+async def test_file_tools_on_a_fifo_return_an_error_within_their_timeout():
+    env = load_environment(EXAMPLE, timeout_s=1.0)
+    (task,) = env.tasks(1)
+    client = ScriptedClient(
+        [
+            call("bash", command="mkfifo pipe"),
+            call("read_file", path="pipe"),  # no writer: opening it waits for one
+            call("write_file", path="pipe", content="x"),  # no reader
+            call("edit", path="pipe", old="a", new="b"),
+            "Done.",
+        ]
+    )
+    try:
+        started = time.monotonic()
+        episode = await env.rollout(client, task)
+        assert time.monotonic() - started < 20
+        results = tool_results(client)
+        assert results[0] == "[exit code 0]\n"
+        for result, doing in zip(results[1:], ["reading", "writing", "reading"], strict=True):
+            assert result == (
+                f"Error: TimeoutError: {doing} pipe did not finish within 1.0 s: is it a FIFO "
+                "or a device rather than a regular file?"
+            )
+        assert episode.tool_errors == 3
+    finally:
+        await env.aclose()

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -183,6 +185,8 @@ def test_models_and_health(server, client):
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"stop_loops": "sometimes"}, "stop_loops"),
+        ({"seed": 2**63}, "seed"),  # past 64 bits, signed as OpenAI's
+        ({"seed": -(2**63) - 1}, "seed"),
         ({"messages": [{"role": "user", "content": [1]}]}, "messages[0].content[0].type"),
         (
             {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}]},
@@ -197,6 +201,100 @@ def test_bad_requests_get_openai_errors_with_4xx(server, body, param):
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"] == param
     assert "Traceback" not in response.text
+
+
+def test_seeds_at_either_end_of_64_bits_sample(client):
+    for seed in (2**63 - 1, -(2**63)):  # choice i draws with seed + i
+        response = client.chat.completions.create(
+            model="tiny-random", messages=[USER], n=2, max_tokens=2, seed=seed
+        )
+        assert [len(c.model_extra["token_ids"]) for c in response.choices] == [2, 2]
+
+
+BIG = 8 * 2**20
+"""A request body past `server.max_request_bytes` (4 MiB)."""
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status"),
+    [
+        ("GET", "/v1/no-such-route", None, 404),
+        ("GET", "/v1/chat/completions", None, 405),
+        ("DELETE", "/health", None, 405),
+        ("POST", "/v1/chat/completions", b"[1, 2]", 400),
+        ("POST", "/v1/chat/completions", b'{"messages": []}', 400),  # no model
+        ("POST", "/v1/completions", b'{"model": "tiny-random", "n": "many"}', 400),
+        ("POST", "/v1/weights", b'{"path": "w.safetensors", "version": 1}', 403),
+        ("POST", "/v1/chat/completions", b"x" * BIG, 413),
+    ],
+)
+def test_every_error_is_openai_error_json(server, method, path, body, status):
+    headers = {"content-type": "application/json"}
+    response = httpx.request(method, f"{server}{path}", content=body, headers=headers, timeout=60)
+    assert response.status_code == status
+    assert list(response.json()) == ["error"]
+    error = response.json()["error"]
+    assert sorted(error) == ["code", "message", "param", "type"]
+    assert error["type"] == "invalid_request_error" and error["message"]
+
+
+def test_a_body_past_the_limit_is_refused_before_it_is_read(server):
+    def chunks() -> Iterator[bytes]:  # no Content-Length: refused once the limit is passed
+        yield b'{"model": "tiny-random", "messages": [{"role": "user", "content": "'
+        yield from [b"x" * 2**16] * (BIG // 2**16)
+        yield b'"}]}'
+
+    for content in (b"x" * BIG, chunks()):
+        response = httpx.post(f"{server}/v1/chat/completions", content=content, timeout=60)
+        assert response.status_code == 413
+        error = response.json()["error"]
+        assert error["code"] == "request_entity_too_large"
+        assert "at most 4194304 bytes (server.max_request_bytes)" in error["message"]
+
+
+def test_health_answers_within_a_second_while_a_long_prompt_is_tokenised(server):
+    """A 3.5 MB message, under the body limit, takes seconds to tokenise (3 million
+    tokens); it happens off the event loop, so /health keeps answering. The slowest probe of
+    each try must be under a second; a loaded machine may delay one, so the best of three
+    tries counts."""
+    content = " ".join(f"{i * 2654435761 % 2**32:x}" for i in range(400_000))[:3_500_000]
+    request = {"model": "tiny-random", "messages": [{"role": "user", "content": content}]}
+    slowest_per_try = []
+    for _ in range(3):
+        with ThreadPoolExecutor(1) as pool:
+            url = f"{server}/v1/chat/completions"
+            refused = pool.submit(httpx.post, url, json=request, timeout=120)
+            probes = []
+            while not refused.done():
+                started = time.monotonic()
+                httpx.get(f"{server}/health", timeout=60)
+                probes.append(time.monotonic() - started)
+        assert refused.result().json()["error"]["code"] == "context_length_exceeded"
+        slowest_per_try.append(max(probes))
+        if slowest_per_try[-1] < 1.0:
+            break
+    assert min(slowest_per_try) < 1.0, slowest_per_try
+
+
+async def test_an_unexpected_error_is_a_500_in_openai_json_also_in_process(tiny_engine):
+    class Broken:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(tiny_engine, name)
+
+        async def generate(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("engine bug")
+
+    transport = httpx.ASGITransport(app=create_app(Broken(), ServerConfig()))
+    async with httpx.AsyncClient(transport=transport, base_url="http://engine") as http:
+        request = {"model": "tiny-random", "messages": [USER], "max_tokens": 1}
+        response = await http.post("/v1/chat/completions", json=request)
+    assert response.status_code == 500
+    assert response.json()["error"] == {
+        "message": "internal error: RuntimeError: engine bug",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
 
 
 def test_max_tokens_negative_via_the_openai_client(client):

@@ -1,3 +1,5 @@
+import asyncio
+import threading
 from typing import Literal
 
 from reinforge.envs.tools import Tool
@@ -73,3 +75,14 @@ async def test_an_episode_parameter_is_injected_and_hidden_from_the_model():
     episode = Episode(Task(id="t", prompt=[]), [])
     assert (await tool.call({"note": "hi"}, episode)).content == "noted"
     assert episode.state["notes"] == ["hi"]
+
+
+async def test_a_sync_tool_runs_in_a_thread_leaving_the_event_loop_free():
+    looped = threading.Event()
+
+    def wait_for_the_loop() -> str:
+        """Wait until the event loop has run a callback: on the loop, it never would."""
+        return "free" if looped.wait(timeout=30) else "blocked"
+
+    asyncio.get_running_loop().call_soon(looped.set)
+    assert (await Tool(wait_for_the_loop).call({})).content == "free"

@@ -4,6 +4,10 @@ An environment is agent code. `rollout(client, task)` runs one episode as an ord
 chat loop against the policy client; the same object serves eval, synthetic data and RL.
 Multi-turn environments override `respond`, which answers each assistant turn with a
 typed step: `Continue(messages)` to go on, `Finished()` to end the episode.
+
+The sync hooks (`setup` by way of `new_episode`, `is_done`) run in threads, and async ones
+on the event loop under the rollout generator's watch (`blocking.py`): environment code
+that hangs fails its rollout, not the run.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reinforge.envs.augment import HarnessAugmentation
+from reinforge.envs.blocking import in_thread
 from reinforge.envs.episode import Episode
 from reinforge.envs.levels import ReasoningLevels
 from reinforge.envs.rubric import Rubric
@@ -157,15 +162,16 @@ class Environment:
             episode.truncated = reply.truncated
             results = await self._run_tools(client, episode, reply.message) if tools else []
             if results:  # the reply called tools, or tried to
-                episode.messages.extend(results)
-                if self.is_done(episode):  # reached through a tool, on any turn
+                episode.add(results)
+                # The end reached through a tool, on any turn.
+                if await in_thread(self.is_done, episode):
                     episode.truncated = False
                     return
                 continue
             step = await respond(episode)
             if isinstance(step, Finished):
                 return
-            episode.messages.extend(step.messages)
+            episode.add(step.messages)
         episode.truncated = True
 
     def _episode_tools(self, episode: Episode) -> dict[str, Tool]:
@@ -228,6 +234,7 @@ class Environment:
             [{"role": "user", "content": given.content}],
             episode.state,
             resources=episode.resources,
+            max_message_bytes=episode.max_message_bytes,
         )
         others = [t for t in self._episode_tools(episode).values() if not isinstance(t, SubAgent)]
         helper.offer_tools(others, episode.tool_format)

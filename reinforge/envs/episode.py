@@ -39,6 +39,17 @@ class Episode:
     generator when the episode ends: what graders of length and repetition count."""
     resources: dict[str, Any] = field(default_factory=dict, repr=False)
     """Live per-episode objects (a sandbox); never serialised, released by `stop`."""
+    max_message_bytes: int | None = None
+    """The most bytes of text that one message `add` appends may hold; the rollout
+    generator sets it from `rollout.max_message_bytes`. None: no limit."""
+
+    def add(self, messages: list[Message]) -> None:
+        """Append messages from outside the policy (tool results, the environment's
+        answers), each cut to `max_message_bytes` with a note saying so: a tool that
+        prints 100 MB would otherwise send it all to the policy server on the next turn,
+        and into the trajectory."""
+        limit = self.max_message_bytes
+        self.messages.extend(messages if limit is None else [_cut(m, limit) for m in messages])
 
     def offer_tools(
         self, tools: list[Tool], tool_format: ToolFormat
@@ -61,3 +72,32 @@ class Episode:
             if message.get("role") == "assistant":
                 return message.get("content") or ""
         return ""
+
+
+def _cut(message: Message, limit: int) -> Message:
+    """`message` with at most `limit` bytes of text: its string content, or the text parts
+    of a list content, in order."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return {**message, "content": _cut_text(content, limit)}
+    if not isinstance(content, list):
+        return message
+    parts, left = [], limit
+    for part in content:
+        if isinstance(part, dict) and isinstance(part.get("text"), str):
+            size = len(part["text"].encode())
+            part = {**part, "text": _cut_text(part["text"], left)}
+            left = max(left - size, 0)
+        parts.append(part)
+    return {**message, "content": parts}
+
+
+def _cut_text(text: str, limit: int) -> str:
+    data = text.encode()
+    if len(data) <= limit:
+        return text
+    kept = data[:limit].decode(errors="ignore")  # not half a character
+    return (
+        f"{kept}\n[cut at {limit} bytes of {len(data)}: messages from tools and the "
+        "environment are cut at rollout.max_message_bytes]"
+    )

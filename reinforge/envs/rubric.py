@@ -2,16 +2,17 @@
 
 The one convention: a `Reward` function takes the finished `Episode` and returns a float;
 a `GroupReward` function takes every episode of one task and returns one float each. Either
-may be async. A function that raises, or returns anything but a number that stays finite
-as a float32 (the trainer's dtype), makes its episodes errors, never a silent 0. An
-`Override` is a rule over one episode that, when it holds, sets the total outright: a
-broken promise (a token budget exceeded) costs the reward whatever the answer.
+may be async; a sync one runs in a thread (`blocking.call`), so that one that hangs leaves
+the event loop, and the grading's time limit, working. A function that raises, or returns
+anything but a number that stays finite as a float32 (the trainer's dtype), makes its
+episodes errors, never a silent 0. An `Override` is a rule over one episode that, when it
+holds, sets the total outright: a broken promise (a token budget exceeded) costs the reward
+whatever the answer.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import math
 import reprlib
 import struct
@@ -19,6 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from reinforge.envs.blocking import call, spawn
 from reinforge.errors import defined_at, describe
 
 if TYPE_CHECKING:
@@ -103,7 +105,7 @@ class Rubric:
                 continue
             pending = [i for i, error in enumerate(errors) if error is None]
             results = await asyncio.gather(
-                *(_number(term, episodes[i]) for i in pending), return_exceptions=True
+                *(spawn(_number(term, episodes[i])) for i in pending), return_exceptions=True
             )
             for index, result in zip(pending, results, strict=True):
                 if isinstance(result, GraderError):
@@ -135,9 +137,7 @@ class Rubric:
 async def _number(term: Reward | Override, episode: Episode) -> float:
     label = f"reward {term.key!r}"
     try:
-        value = term.fn(episode)
-        if inspect.isawaitable(value):
-            value = await value
+        value = await call(term.fn, episode)
     except Exception as error:
         raise GraderError(f"{label} raised {describe(error)}") from error
     return _as_float(label, value, term.fn)
@@ -146,10 +146,7 @@ async def _number(term: Reward | Override, episode: Episode) -> float:
 async def _number_list(term: GroupReward, episodes: list[Episode]) -> list[float]:
     label = f"group reward {term.key!r}"
     try:
-        values = term.fn(episodes)
-        if inspect.isawaitable(values):
-            values = await values
-        values = list(values)
+        values = list(await call(term.fn, episodes))
     except Exception as error:
         raise GraderError(f"{label} raised {describe(error)}") from error
     if len(values) != len(episodes):

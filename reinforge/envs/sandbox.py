@@ -3,14 +3,16 @@
 `SandboxEnvironment` lends each episode a sandbox from a shared pool (paused while the
 model thinks, resumed at each tool call) and returns it when the episode ends, however it
 ends. `SandboxTools` gives the model `bash`, `read_file`, `write_file` and `edit` on that
-sandbox, with output truncation and per-call timeouts. Graders never run in the sandbox:
-`collect` copies out what they need before it is released.
+sandbox, with output truncation and per-call timeouts (the file tools' too: a FIFO or a
+device blocks a read or a write for as long as nothing is at its other end). Graders never
+run in the sandbox: `collect` copies out what they need before it is released.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from typing import TypeVar
 
 from reinforge.envs.environment import Environment, Harness
 from reinforge.envs.episode import Episode
@@ -24,6 +26,8 @@ from reinforge.sandbox.protocol import ExecResult, SandboxProvider, SandboxSpec
 TOOL_NAMES = ("bash", "read_file", "write_file", "edit")
 SANDBOX = "sandbox"
 """The key of the episode's sandbox in `Episode.resources`."""
+
+T = TypeVar("T")
 
 
 def sandbox_of(episode: Episode) -> PooledSandbox:
@@ -67,7 +71,8 @@ class SandboxTools:
         Args:
             path: Absolute, or relative to the working directory.
         """
-        content = (await sandbox_of(episode).read_files([path]))[path]
+        read = sandbox_of(episode).read_files([path])
+        content = (await self._in_time(read, f"reading {path}"))[path]
         if content is None:
             raise FileNotFoundError(path)
         return self._truncate(content.decode(errors="replace"))
@@ -80,7 +85,7 @@ class SandboxTools:
             content: The whole new content of the file.
         """
         data = content.encode()
-        await sandbox_of(episode).write_files({path: data})
+        await self._in_time(sandbox_of(episode).write_files({path: data}), f"writing {path}")
         return f"wrote {len(data)} bytes to {path}"
 
     async def edit(self, path: str, old: str, new: str, episode: Episode) -> str:
@@ -92,15 +97,28 @@ class SandboxTools:
             new: The replacement.
         """
         sandbox = sandbox_of(episode)
-        content = (await sandbox.read_files([path]))[path]
+        content = (await self._in_time(sandbox.read_files([path]), f"reading {path}"))[path]
         if content is None:
             raise FileNotFoundError(path)
         text = content.decode(errors="replace")
         count = text.count(old) if old else 0
         if count != 1:
             raise ValueError(f"the text to replace occurs {count} times in {path}; need once")
-        await sandbox.write_files({path: text.replace(old, new).encode()})
+        edited = {path: text.replace(old, new).encode()}
+        await self._in_time(sandbox.write_files(edited), f"writing {path}")
         return f"edited {path}"
+
+    async def _in_time(self, call: Awaitable[T], doing: str) -> T:
+        """A file call within the per-call timeout, as `bash` is: the sandbox's own
+        `read_files` and `write_files` have none, and opening a FIFO waits until something
+        opens its other end. On time out the call's process in the sandbox is killed."""
+        try:
+            return await asyncio.wait_for(call, self.timeout_s)
+        except TimeoutError:
+            raise TimeoutError(
+                f"{doing} did not finish within {self.timeout_s} s: is it a FIFO or a device "
+                "rather than a regular file?"
+            ) from None
 
     def report(self, result: ExecResult) -> str:
         """A command's result as the `bash` tool returns it to the model."""

@@ -2,7 +2,9 @@
 
 pydantic builds both the JSON schema the model sees and the validator for the arguments
 it sends, so the two never disagree. A tool that raises, or a call with bad arguments,
-becomes an error message back to the model; the harness counts it.
+becomes an error message back to the model; the harness counts it. A sync tool runs in a
+thread (`blocking.call`): one that hangs leaves the event loop, and with it the rollout's
+time limit, working.
 
 One convention reaches past the model's arguments: a parameter annotated `Episode` is
 not shown to the model and receives the current episode, so a tool can use the episode's
@@ -20,6 +22,7 @@ from typing import Any, get_type_hints
 
 from pydantic import BaseModel, Field, ValidationError, create_model
 
+from reinforge.envs.blocking import call
 from reinforge.envs.episode import Episode
 
 _ARG_LINE = re.compile(r"^\s{2,}(\w+)\s*(?:\([^)]*\))?:\s*(.+)$")
@@ -69,9 +72,7 @@ class Tool:
         if self._episode_param is not None:
             values[self._episode_param] = episode
         try:
-            result = self.function(**values)
-            if inspect.isawaitable(result):
-                result = await result
+            result = await call(self.function, **values)
         except Exception as error:
             return ToolResult(f"Error: {type(error).__name__}: {error}", error=True)
         if isinstance(result, str):

@@ -106,3 +106,8 @@ class ServerConfig(Section):
     weights_token: str | None = None
     """Secret a trainer on this machine presents to push new weights (`POST /v1/weights`,
     from localhost only); None: the server refuses weight updates."""
+    max_request_bytes: int = Field(4 * 2**20, ge=1)
+    """Largest request body taken (4 MiB); a larger one is refused with a 413 before it is
+    parsed. Room for a long context's messages and their token ids (a 128k-token
+    conversation sends about 1.5 MB), not for a message of many megabytes, which would take
+    seconds to tokenise."""

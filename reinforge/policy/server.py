@@ -22,8 +22,11 @@ sampling (OpenAI's legacy call, which vLLM's server also answers): what a distil
 teacher is asked.
 
 Bad requests get OpenAI's error JSON with a 4xx status naming the field at fault; never a
-traceback. The JSON of a choice is `choices.py`'s, a stream's events `streaming.py`'s, and
-the request models and errors `requests.py`'s. docs/server.md describes the API.
+traceback. A body past `server.max_request_bytes` is refused before it is parsed, and
+prompts are rendered and tokenised in a worker thread: a long one takes seconds, which
+`/health` and every other request would otherwise wait out. The JSON of a choice is
+`choices.py`'s, a stream's events `streaming.py`'s, and the request models and errors
+`requests.py`'s. docs/server.md describes the API.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from reinforge.policy.requests import (
     bad_request,
     chat_messages,
     checked_tools,
-    install_error_handlers,
+    install_guards,
 )
 from reinforge.policy.sampling import SamplingParams
 from reinforge.policy.scoring import PromptLogprobs
@@ -68,7 +71,7 @@ def create_app(engine: SamplingEngine, config: ServerConfig) -> FastAPI:
     service = _Service(engine, config)
     pause = Pause(engine)
     writer = ChoiceWriter(engine.tokenizer, engine.eos_ids)
-    install_error_handlers(app)
+    install_guards(app, config.max_request_bytes)
 
     @app.get("/health")
     async def health() -> Json:
@@ -93,7 +96,7 @@ def create_app(engine: SamplingEngine, config: ServerConfig) -> FastAPI:
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(request: ChatRequest) -> Json | StreamingResponse:
         service.check(request)
-        prompt_ids = service.chat_prompt(request)
+        prompt_ids = await asyncio.to_thread(service.chat_prompt, request)
         params = service.sampling(request, prompt_ids)
         if request.stream:
             return stream(engine, writer, request, prompt_ids, params)
@@ -106,7 +109,7 @@ def create_app(engine: SamplingEngine, config: ServerConfig) -> FastAPI:
     @app.post("/v1/completions", response_model=None)
     async def complete(request: CompletionRequest) -> Json | StreamingResponse:
         service.check(request)
-        prompt_ids = service.completion_prompt(request)
+        prompt_ids = await asyncio.to_thread(service.completion_prompt, request)
         if request.echo:  # score the prompt, sample nothing
             scores = await service.score(request, prompt_ids)
             k = request.alternatives
@@ -240,13 +243,10 @@ class _Service:
         ]
 
     def check_prompt(self, prompt_ids: list[int], max_tokens: int | None) -> int:
-        """The context left after the prompt, which must hold `max_tokens` (None: one)."""
+        """The context left after the prompt, which must hold `max_tokens` (None: one). The
+        length first: a prompt of a million ids is refused before each is looked at."""
         if not prompt_ids:
             raise bad_request("the prompt is empty", "prompt")
-        if any(not 0 <= t < len(self.tokenizer) for t in prompt_ids):
-            raise bad_request(
-                "prompt_token_ids holds ids outside the vocabulary", "prompt_token_ids"
-            )
         room = self.engine.max_context - len(prompt_ids)
         if room < (1 if max_tokens is None else max_tokens):
             raise APIError(
@@ -255,6 +255,11 @@ class _Service:
                 f"prompt has {len(prompt_ids)} and max_tokens asks for {max_tokens}.",
                 "messages",
                 "context_length_exceeded",
+            )
+        vocabulary = len(self.tokenizer)
+        if any(not 0 <= t < vocabulary for t in prompt_ids):
+            raise bad_request(
+                "prompt_token_ids holds ids outside the vocabulary", "prompt_token_ids"
             )
         return room
 

@@ -2,7 +2,9 @@
 
 A rollout that raises or times out becomes a trajectory with that status and the message;
 the other rollouts go on. Groups are scored by the rubric once all their rollouts are in,
-because group rewards see every rollout of a task.
+because group rewards see every rollout of a task. Rollouts and gradings run `guarded`
+(`envs/blocking.py`): user code that blocks the event loop fails its own rollout instead of
+stalling them all past their time limits.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from reinforge.envs.blocking import LoopBlocked, guarded, in_thread
 from reinforge.envs.environment import Environment, jsonable
 from reinforge.envs.episode import Episode
 from reinforge.envs.rubric import GraderError, Scores
@@ -69,11 +72,11 @@ async def generate_group(
     every group that shares it (`config.concurrency`)."""
     done = await asyncio.gather(
         *(
-            _rollout(env, client, task, index, limit, config.timeout_s, seed, on_rollout)
+            _rollout(env, client, task, index, limit, config, seed, on_rollout)
             for index in range(rollouts_per_task)
         )
     )
-    return await _score(env, task, done, config.timeout_s)
+    return await _score(env, task, done, config)
 
 
 async def _rollout(
@@ -82,7 +85,7 @@ async def _rollout(
     task: Task,
     index: int,
     limit: asyncio.Semaphore,
-    timeout_s: float,
+    config: RolloutConfig,
     seed: int | None,
     on_rollout: Callable[[Trajectory], None] | None,
 ) -> _Done:
@@ -99,18 +102,26 @@ async def _rollout(
             task_id=task.id, group_id=task.id, index=index, tools=env.harness.tool_schemas
         )
         episode: Episode | None = None
-        try:
-            episode = env.new_episode(task)
+
+        async def play() -> Episode:
+            nonlocal episode  # kept, as far as it got, when the rollout fails
+            episode = await in_thread(env.new_episode, task)  # `setup` is user code
+            episode.max_message_bytes = config.max_message_bytes
             if variant is not None:  # the harness's wording, not the environment's
                 trajectory.tools = variant.apply(episode, list(env.harness.tools))
             if level is not None:  # told by the harness, not by the environment
                 episode.level = level
                 episode.messages = level.tell(episode.messages)
-            await asyncio.wait_for(env.rollout(episode_client, task, episode), timeout=timeout_s)
-            trajectory.status = Status.TRUNCATED if episode.truncated else Status.OK
-        except TimeoutError:
-            trajectory.status = Status.TIMEOUT
-            trajectory.error = f"rollout exceeded {timeout_s} s"
+            await env.rollout(episode_client, task, episode)
+            return episode
+
+        try:
+            played = await guarded(play(), "rollout", config.timeout_s, config.max_block_s)
+            trajectory.status = Status.TRUNCATED if played.truncated else Status.OK
+        except TimeoutError as error:
+            trajectory.status, trajectory.error = Status.TIMEOUT, str(error)
+        except LoopBlocked as error:
+            trajectory.status, trajectory.error = Status.ERROR, str(error)
         except Exception as error:  # a broken rollout is data, not a crash
             trajectory.status = Status.ERROR
             trajectory.error = describe(error)
@@ -152,18 +163,19 @@ def _record(
         trajectory.info["loop_stops"] = client.loop_stops
 
 
-async def _score(env: Environment, task: Task, done: list[_Done], timeout_s: float) -> Group:
+async def _score(env: Environment, task: Task, done: list[_Done], config: RolloutConfig) -> Group:
     """Score the rollouts that finished; a grader failure marks them errors, never 0. The
-    rubric gets the rollouts' time limit too: a hanging grader must not hold the run. What
+    rubric gets the rollouts' limits too: a hanging grader must not hold the run. What
     graders left in an episode's state (a judge's reasoning) joins its trajectory's info."""
     scorable = [d for d in done if d.episode is not None]
     started = time.perf_counter()
     episodes = [d.episode for d in scorable if d.episode is not None]
     results: list[Scores | GraderError]
     try:
-        results = await asyncio.wait_for(env.rubric.score(episodes), timeout=timeout_s)
-    except TimeoutError:
-        results = [GraderError(f"grading exceeded {timeout_s} s")] * len(scorable)
+        grading = env.rubric.score(episodes)
+        results = await guarded(grading, "grading", config.timeout_s, config.max_block_s)
+    except (TimeoutError, LoopBlocked) as error:
+        results = [GraderError(str(error))] * len(scorable)
     elapsed = time.perf_counter() - started
     for item, result in zip(scorable, results, strict=True):
         trajectory = item.trajectory

@@ -185,14 +185,19 @@ class DockerSandbox:
         ]
         readers = asyncio.ensure_future(asyncio.gather(*collect))
         timed_out = False
+        kill = ("exec", self.id, "sh", "-c", f"kill -9 $(cat {pidfile})")
         try:
             await asyncio.wait_for(proc.wait(), timeout)
         except TimeoutError:
             timed_out = True
-            await _docker(
-                self._docker, "exec", self.id, "sh", "-c", f"kill -9 $(cat {pidfile})", check=False
-            )
+            await _docker(self._docker, *kill, check=False)
             await proc.wait()
+        except asyncio.CancelledError:
+            # A caller that gives up (a tool's own time limit) must not leave the command
+            # running in the container, where the `docker exec` client cannot reach it.
+            await asyncio.shield(_docker(self._docker, *kill, check=False))
+            readers.cancel()
+            raise
         (out, out_cut), (err, err_cut) = await readers
         return ExecResult(
             exit_code=TIMEOUT_EXIT_CODE if timed_out else _exit_code(proc.returncode),
