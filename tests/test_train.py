@@ -28,8 +28,11 @@ from .commands import LENGTH_ENV, ROOT, kill_after, tiny_train
 
 
 def test_a_tiny_run_writes_metrics_trajectories_and_loadable_checkpoints(tmp_path):
-    process = _train(tmp_path, "run.steps=3", "run.name=tiny", "rollout.tasks_per_step=4")
+    process = _train(
+        tmp_path, "run.steps=3", "run.name=tiny", "rollout.tasks_per_step=4", "model.threads=1"
+    )
     assert process.wait(timeout=300) == 0, process.stderr.read()
+    assert "threads: 1 (model.threads)" in process.stderr.read()
     run = tmp_path / "tiny"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]

@@ -103,7 +103,9 @@ async def _run(config: EvalConfig, env: Any, out: Path) -> int:
         )
     else:
         from reinforge.policy.backends import load_engine
+        from reinforge.policy.threads import apply_threads
 
+        console.print(apply_threads(config.model.threads))
         with console.status(f"loading {config.model.name}"):
             engine = load_engine(config.model, config.engine)
         client = PolicyClient.for_engine(engine, sampling)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from reinforge.commands.config_args import (
     Flag,
@@ -32,7 +33,9 @@ def run(args: argparse.Namespace) -> int:
     config = load_with_flags(ServeConfig, args, FLAGS)
     from reinforge.policy.backends import load_engine
     from reinforge.policy.server import serve
+    from reinforge.policy.threads import apply_threads
 
+    print(apply_threads(config.model.threads), file=sys.stderr)
     engine = load_engine(config.model, config.engine)
     try:
         serve(engine, config.server)

