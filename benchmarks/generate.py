@@ -200,14 +200,9 @@ def measure_server(
         process = subprocess.Popen(command, stdout=log, stderr=log, env=env)
         try:
             startup = _wait_healthy(process, url, log, launched)
-            race = _http_race(url, messages)
-            race()  # warm-up, not timed
-            started = time.perf_counter()
-            tokens = race()
-            rate = tokens / (time.perf_counter() - started)
+            rate = throughput(url, messages)
             with httpx.Client(base_url=url, timeout=600) as client:
-                _batch1(client)  # warm-up, not timed
-                per_token = min(_batch1(client) for _ in range(settings.batch1_tries))
+                per_token = best_batch1(client, settings.batch1_tries)
                 serving_peak = peak_rss(process.pid)
                 syncs = [
                     _push(client, weights_path, version) for version in range(1, settings.syncs + 1)
@@ -244,6 +239,21 @@ def _wait_healthy(process: subprocess.Popen[bytes], url: str, log: Any, launched
             pass
         time.sleep(0.1)
     raise RuntimeError(f"{url} did not become healthy in 600 s")
+
+
+def throughput(url: str, messages: list[list[dict]]) -> float:
+    """Tokens/s of the concurrent completions of `messages`, after one untimed race."""
+    race = _http_race(url, messages)
+    race()  # warm-up, not timed
+    started = time.perf_counter()
+    tokens = race()
+    return tokens / (time.perf_counter() - started)
+
+
+def best_batch1(client: httpx.Client, tries: int) -> float:
+    """Seconds per token of one completion, best of `tries` after an untimed one."""
+    _batch1(client)
+    return min(_batch1(client) for _ in range(tries))
 
 
 def _http_race(url: str, messages: list[list[dict]]) -> Callable[[], int]:

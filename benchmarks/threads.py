@@ -39,7 +39,7 @@ import httpx
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from generate import _batch1, _http_race, _wait_healthy  # noqa: E402
+from generate import _wait_healthy, best_batch1, throughput  # noqa: E402
 
 from reinforge.envs.registry import load_environment  # noqa: E402
 from reinforge.policy.specs import DEFAULT_MODEL  # noqa: E402
@@ -71,14 +71,9 @@ def serve_once(env: dict[str, str], messages: list[list[dict]]) -> dict[str, flo
         process = subprocess.Popen(command, stdout=log, stderr=log, env=os.environ | env)
         try:
             _wait_healthy(process, url, log, launched)
-            race = _http_race(url, messages)
-            race()  # warm-up, not timed
-            started = time.perf_counter()
-            tokens = race()
-            rate = tokens / (time.perf_counter() - started)
+            rate = throughput(url, messages)
             with httpx.Client(base_url=url, timeout=600) as client:
-                _batch1(client)
-                per_token = min(_batch1(client) for _ in range(3))
+                per_token = best_batch1(client, 3)
         finally:
             process.terminate()
             process.wait(timeout=60)
