@@ -29,7 +29,6 @@ def run(args: argparse.Namespace) -> int:
     from reinforge.train.sft import load_data
 
     console = Console(stderr=True)
-    console.print(apply_threads(config.model.threads))
     data = load_data(config.sft, load_tokenizer(config.model.name))
     config = sft_config(config, len(data.examples))
     console.print(
@@ -38,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
         f"{config.sft.epochs} epoch(s), {config.run.steps} steps"
     )
     console.print(f"run directory: {config.run_dir}")
+    console.print(apply_threads(config.model.threads))
 
     def show(metrics: SftStepMetrics) -> None:
         train = metrics.train
