@@ -73,8 +73,8 @@ class SandboxTools:
         """
         read = sandbox_of(episode).read_files([path])
         content = (await self._in_time(read, f"reading {path}"))[path]
-        if content is None:
-            raise FileNotFoundError(path)
+        if content is None:  # missing, or a FIFO or device, which the sandbox will not open
+            raise FileNotFoundError(f"{path} (no such regular file)")
         return self._truncate(content.decode(errors="replace"))
 
     async def write_file(self, path: str, content: str, episode: Episode) -> str:
@@ -98,8 +98,8 @@ class SandboxTools:
         """
         sandbox = sandbox_of(episode)
         content = (await self._in_time(sandbox.read_files([path]), f"reading {path}"))[path]
-        if content is None:
-            raise FileNotFoundError(path)
+        if content is None:  # missing, or a FIFO or device, which the sandbox will not open
+            raise FileNotFoundError(f"{path} (no such regular file)")
         text = content.decode(errors="replace")
         count = text.count(old) if old else 0
         if count != 1:

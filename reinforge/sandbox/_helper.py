@@ -16,6 +16,7 @@ messages are fixed structs (the manager never unmarshals anything from a sandbox
 """
 
 import ctypes
+import errno
 import fcntl
 import marshal
 import os
@@ -23,6 +24,7 @@ import resource
 import select
 import signal
 import socket
+import stat
 import struct
 import sys
 
@@ -349,6 +351,25 @@ def setup(cfg):
 # ---------------------------------------------------------------------------- pid 1 serving
 
 
+def open_regular(path, flags):
+    """Open `path` only as a regular file. Opening a FIFO waits until something opens its
+    other end, and a device may never answer: the builtin, and the agent's turn, would
+    hang on it. O_NONBLOCK opens either at once (or fails, ENXIO, for a FIFO that no one
+    reads), and the file is refused before anything is read or written."""
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as error:
+        if error.errno != errno.ENXIO:
+            raise
+        fd = -1
+    if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
+        if fd >= 0:
+            os.close(fd)
+        raise OSError(errno.EINVAL, f"{path}: not a regular file")
+    os.set_blocking(fd, True)
+    return fd
+
+
 def builtin_write():
     data = sys.stdin.buffer.read()
     pos = 0
@@ -358,7 +379,7 @@ def builtin_write():
         path = data[pos : pos + n].decode()
         pos += n
         os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
-        with open(path, "wb") as f:
+        with os.fdopen(open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
             f.write(data[pos : pos + size])
         os.chmod(path, mode)
         pos += size
@@ -369,7 +390,7 @@ def builtin_read(paths, max_bytes):
     out = sys.stdout.buffer
     for path in paths:
         try:
-            with open(path, "rb") as f:
+            with os.fdopen(open_regular(path, os.O_RDONLY), "rb") as f:
                 content = f.read(max_bytes)
         except OSError:
             out.write(READ_FRAME.pack(-1, 0))

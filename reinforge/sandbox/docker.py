@@ -221,9 +221,11 @@ class DockerSandbox:
         self, paths: Sequence[str], *, max_bytes: int = MIB
     ) -> dict[str, bytes | None]:
         found: dict[str, bytes | None] = {}
+        # Regular files only, as the local backend: opening a FIFO waits for a writer.
+        script = 'test -f "$1" && exec head -c "$2" -- "$1"'
         for path in paths:
             result = await self.exec(
-                ["head", "-c", str(max_bytes), "--", self._absolute(path)],
+                ["/bin/sh", "-c", script, "sh", self._absolute(path), str(max_bytes)],
                 max_output_bytes=max_bytes,
             )
             found[path] = result.stdout if result.exit_code == 0 else None
