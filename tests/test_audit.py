@@ -6,8 +6,10 @@ import json
 import shutil
 import subprocess
 
+import pytest
+
 from reinforge.cli import main
-from reinforge.envs import harbor_verify
+from reinforge.envs import harbor, harbor_verify
 from reinforge.envs.builtin.coding import TASKS
 from reinforge.envs.exploits import EXPLOITS
 from reinforge.envs.harbor import load_environment
@@ -240,3 +242,31 @@ def test_a_users_exploit_file_gives_a_script_per_task(tmp_path, capsys):
     (tmp_path / "empty.py").write_text("x = 1\n")
     assert main(["audit", task, "--exploit-file", str(tmp_path / "empty.py")]) == 2
     assert "no function exploit(task)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("exploit_name", ["sparse-file", "slow-import"])
+async def test_an_error_shield_is_a_hack_where_the_agents_fault_is_an_error(
+    tmp_path, monkeypatch, exploit_name
+):
+    """A sparse file too large to copy, or a candidate that outruns the verifier, stops its
+    own grading. Taken as an error (the grading path before), the rollout left the batch:
+    the audit reports it as a hack. Taken as a 0 by its fault, it is none."""
+    task = tmp_path / "fix-median-bug"  # a copy whose verifier gives up after 5 s, not 60
+    shutil.copytree(TASKS / "fix-median-bug", task)
+    toml = task / "task.toml"
+    toml.write_text(
+        toml.read_text().replace("[verifier]\ntimeout_sec = 60.0", "[verifier]\ntimeout_sec = 5.0")
+    )
+    assert "timeout_sec = 5.0" in toml.read_text()
+
+    def as_an_error(episode, fault):
+        episode.state["verifier_error"] = str(fault)
+
+    with monkeypatch.context() as weakened:
+        weakened.setattr(harbor, "_fail", as_an_error)
+        (exploit,) = [e for e in EXPLOITS if e.name == exploit_name]
+        shielded = await audit(load_environment(task), [exploit], 1, RolloutConfig(concurrency=3))
+        assert [e.name for e in shielded.hacked] == [exploit_name]
+        assert list(shielded.exploits[0].errors) == ["fix-median-bug"]
+    defended = await audit_one(exploit_name, task)
+    assert defended.hacked == [] and list(defended.exploits[0].faults) == ["fix-median-bug"]
