@@ -109,6 +109,8 @@ def _print(report: Any) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from reinforge.rollout.audit import first_line
+
     console = Console()
     tasks = f"{len(report.tasks)} task" + ("s" if len(report.tasks) != 1 else "")
     table = Table(title=f"audit of {report.environment}: {tasks}")
@@ -131,16 +133,17 @@ def _print(report: Any) -> None:
     for agent, expected in ((report.oracle, "1"), (report.nop, "0")):
         errors = f", {len(agent.errors)} errored" if agent.errors else ""
         console.print(f"{agent.name} mean {agent.mean:.3f} (expect {expected}){errors}")
-    errored = [e for e in (report.oracle, report.nop, *report.exploits) if e.errors]
-    for agent in errored:
+    agents = (report.oracle, report.nop, *report.exploits)
+    for agent in (a for a in agents if a.errors):
         task, error = next(iter(agent.errors.items()))
-        first = error.strip().splitlines()[0][:200] if error.strip() else error
-        console.print(f"{agent.name} errored on {len(agent.errors)} task(s); {task}: {first}")
-    for agent in (e for e in (report.oracle, report.nop, *report.exploits) if e.faults):
+        console.print(
+            f"{agent.name} errored on {len(agent.errors)} task(s); {task}: {first_line(error)}"
+        )
+    for agent in (a for a in agents if a.faults):
         task, fault = next(iter(agent.faults.items()))
         console.print(
             f"{agent.name} scored 0 by its own fault on {len(agent.faults)} task(s); "
-            f"{task}: {fault.strip().splitlines()[0][:200]}"
+            f"{task}: {first_line(fault)}"
         )
     console.print(f"{len(report.exploits)} exploits in {report.wall_s:.1f} s")
     for task, reason in report.broken.items():

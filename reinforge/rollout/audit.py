@@ -84,11 +84,11 @@ class AuditReport:
         reasons: dict[str, str] = {}
         for task in self.tasks:
             if task in self.oracle.errors:
-                reasons[task] = f"the oracle errored: {_first_line(self.oracle.errors[task])}"
+                reasons[task] = f"the oracle errored: {first_line(self.oracle.errors[task])}"
             elif self.oracle.rewards.get(task) != 1.0:
                 reasons[task] = f"the oracle scored {self.oracle.rewards.get(task)} (expect 1)"
             elif task in self.nop.errors:
-                reasons[task] = f"the nop agent errored: {_first_line(self.nop.errors[task])}"
+                reasons[task] = f"the nop agent errored: {first_line(self.nop.errors[task])}"
             elif self.nop.rewards.get(task) != 0.0:
                 reasons[task] = f"the nop agent scored {self.nop.rewards.get(task)} (expect 0)"
         return reasons
@@ -120,7 +120,8 @@ class AuditReport:
         }
 
 
-def _first_line(error: str) -> str:
+def first_line(error: str) -> str:
+    """The line of an error or fault a report shows: its first, at most 200 characters."""
     lines = error.strip().splitlines()
     return lines[0][:200] if lines else error
 
