@@ -44,7 +44,8 @@ try:  # the machine may lack one of reinforge's dependencies, and this check ins
     from reinforge.errors import UsageError, first_problem
     from reinforge.policy.chat import ChatFormat
     from reinforge.policy.config import EngineConfig, ModelConfig
-    from reinforge.policy.engine import Completion, Engine
+    from reinforge.policy.engine import Engine
+    from reinforge.policy.engine_thread import Completion
     from reinforge.policy.models import cache_dir, model_folder, resolve_device
     from reinforge.policy.sampling import SamplingParams
     from reinforge.policy.specs import BUILTIN_MODELS, DEFAULT_MODEL

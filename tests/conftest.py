@@ -19,7 +19,8 @@ from transformers import PreTrainedModel
 from reinforge.policy.backends import SamplingEngine
 from reinforge.policy.chat import ChatFormat
 from reinforge.policy.config import EngineConfig, ServerConfig, VllmConfig
-from reinforge.policy.engine import Completion, Engine, TokenListener
+from reinforge.policy.engine import Engine
+from reinforge.policy.engine_thread import Completion, TokenListener
 from reinforge.policy.sampling import SamplingParams
 from reinforge.policy.server import create_app
 

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from reinforge.policy.engine import Sampled
+from reinforge.policy.engine_thread import Sampled
 from reinforge.policy.sampling import SamplingParams
 
 from .conftest import EngineUnderTest

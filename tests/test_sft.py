@@ -17,7 +17,8 @@ from reinforge.envs.registry import load_environment
 from reinforge.policy.chat import ChatFormat
 from reinforge.policy.client import PolicyClient
 from reinforge.policy.config import EngineConfig, SamplingConfig
-from reinforge.policy.engine import Completion, Engine
+from reinforge.policy.engine import Engine
+from reinforge.policy.engine_thread import Completion
 from reinforge.policy.models import load_model, load_tokenizer
 from reinforge.policy.records import masked_spans, render_messages
 from reinforge.policy.sampling import SamplingParams

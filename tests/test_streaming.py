@@ -10,7 +10,7 @@ from typing import Any
 import openai
 import pytest
 
-from reinforge.policy.engine import Completion, Sampled, TokenListener
+from reinforge.policy.engine_thread import Completion, Sampled, TokenListener
 from reinforge.policy.models import load_tokenizer
 from reinforge.policy.sampling import SamplingParams
 from reinforge.policy.streaming import LiveText

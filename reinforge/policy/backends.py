@@ -12,7 +12,8 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from reinforge.policy.config import EngineConfig, ModelConfig
-from reinforge.policy.engine import Completion, Engine, EngineStats, TokenListener
+from reinforge.policy.engine import Engine
+from reinforge.policy.engine_thread import Completion, EngineStats, TokenListener
 from reinforge.policy.models import resolve_device
 from reinforge.policy.sampling import SamplingParams
 from reinforge.policy.scoring import PromptLogprobs

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from transformers import PreTrainedTokenizerBase
 
 from reinforge.policy.chat import parse_tool_calls
-from reinforge.policy.engine import Completion
+from reinforge.policy.engine_thread import Completion
 from reinforge.policy.requests import ChatRequest, CompletionRequest
 from reinforge.policy.sampling import TopLogprobs
 from reinforge.policy.scoring import PromptLogprobs

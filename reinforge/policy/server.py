@@ -44,7 +44,7 @@ from reinforge.policy.backends import SamplingEngine
 from reinforge.policy.chat import ChatFormat, TemplateError
 from reinforge.policy.choices import ChoiceWriter, Json, response
 from reinforge.policy.config import ServerConfig
-from reinforge.policy.engine import Completion
+from reinforge.policy.engine_thread import Completion
 from reinforge.policy.pause import Pause
 from reinforge.policy.requests import (
     APIError,

@@ -33,7 +33,7 @@ from transformers import PreTrainedTokenizerBase
 
 from reinforge.policy.backends import SamplingEngine
 from reinforge.policy.choices import ChoiceWriter, Json, envelope, usage
-from reinforge.policy.engine import Completion, Sampled, TokenListener
+from reinforge.policy.engine_thread import Completion, Sampled, TokenListener
 from reinforge.policy.requests import ChatRequest, CompletionRequest, error_body
 from reinforge.policy.sampling import SamplingParams
 

@@ -45,7 +45,7 @@ from transformers import AutoConfig, GenerationConfig, PreTrainedTokenizerBase
 
 from reinforge.errors import UsageError
 from reinforge.policy.config import EngineConfig
-from reinforge.policy.engine import (
+from reinforge.policy.engine_thread import (
     EngineThread,
     Request,
     Sampled,

@@ -24,7 +24,7 @@ from transformers import PreTrainedModel
 
 from reinforge.orchestrate.engines import LocalEngine
 from reinforge.policy.backends import SamplingEngine
-from reinforge.policy.engine import Sampled
+from reinforge.policy.engine_thread import Sampled
 from reinforge.policy.models import load_model
 from reinforge.policy.sampling import SamplingParams
 from reinforge.sim.config import CalibrationSection, SimConfig

@@ -22,7 +22,7 @@ from reinforge.envs.tools import Tool
 from reinforge.errors import UsageError
 from reinforge.policy.client import PolicyClient
 from reinforge.policy.config import SamplingConfig
-from reinforge.policy.engine import Completion
+from reinforge.policy.engine_thread import Completion
 from reinforge.policy.records import render_messages, token_record_problems
 from reinforge.policy.sampling import SamplingParams
 from reinforge.rollout.config import RolloutConfig
