@@ -29,11 +29,11 @@ from transformers import PreTrainedModel
 
 from reinforge.config import Config, load_config
 from reinforge.orchestrate.engines import RemoteEngine
+from reinforge.orchestrate.weight_sync import CopiedWeights, WeightSync
 from reinforge.policy.config import EngineConfig
 from reinforge.policy.engine import Engine
 from reinforge.policy.models import load_model
 from reinforge.train.config import OptimConfig, TrainerConfig
-from reinforge.train.trainable import full_weights
 from reinforge.train.trainer import Trainer
 
 
@@ -82,20 +82,15 @@ async def measure(
             name = f"serve_x{count}_file_handoff"
             remotes[name] = await RemoteEngine.start(config, trainer, 0)
             kinds[name] = Kind(engines=count)
+        syncs: dict[str, WeightSync] = {"in_process_bf16_copy": CopiedWeights(copy)}
+        syncs.update({name: remote.sync for name, remote in remotes.items()})
         for version in range(1, rounds + 1):
-            started = time.perf_counter()
-            with full_weights(trainer_model) as weights:
-                copy.update_weights(weights)
-                moved = sum(t.numel() * t.element_size() for t in weights.values())
-            kinds["in_process_bf16_copy"].seconds.append(time.perf_counter() - started)
-            kinds["in_process_bf16_copy"].write_s.append(0.0)
-            kinds["in_process_bf16_copy"].bytes = moved
-            for name, remote in remotes.items():
+            for name, sync in syncs.items():
                 started = time.perf_counter()
-                moved, _, write_s = remote.push(trainer, version)
+                synced = sync.push(trainer, version)
                 kinds[name].seconds.append(time.perf_counter() - started)
-                kinds[name].write_s.append(write_s)
-                kinds[name].bytes = moved
+                kinds[name].write_s.append(synced.write_s)
+                kinds[name].bytes = synced.bytes
     finally:
         copy.close()
         for remote in remotes.values():

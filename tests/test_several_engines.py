@@ -169,9 +169,9 @@ async def test_after_a_sync_both_engines_sample_the_pushed_weights(tmp_path):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.05 * torch.randn(p.shape, generator=generator))
-        engine.push(trainer, 5)
+        engine.sync.push(trainer, 5)
         assert engine.version == 5
-        for url in engine.urls:
+        for url in engine.sync.urls:
             assert_samples_with(url, model, 5)
     finally:
         await engine.aclose()

@@ -18,7 +18,7 @@ import pytest
 
 from reinforge.config import Config, load_config
 from reinforge.errors import Interrupted, UsageError
-from reinforge.orchestrate.engines import LocalEngine
+from reinforge.orchestrate import loop as training_loop
 from reinforge.orchestrate.loop import train
 from reinforge.train.checkpoints import load_progress, open_run
 
@@ -81,7 +81,7 @@ def test_ctrl_c_while_a_step_trains_lets_it_finish_and_checkpoints_it(tmp_path, 
         ["model.name=tiny-random", f"env.name={LENGTH_ENV}", f"run.dir={tmp_path}",
          "run.name=r", "run.steps=3", "rollout.tasks_per_step=2"],
     )  # fmt: skip
-    train_step = LocalEngine.train_step
+    train_and_sync = training_loop.train_and_sync
 
     async def interrupted_while_training() -> None:
         run = asyncio.current_task()
@@ -90,9 +90,9 @@ def test_ctrl_c_while_a_step_trains_lets_it_finish_and_checkpoints_it(tmp_path, 
 
         def interrupt_then_train(engine, trainer, batch):  # in the training thread
             loop.call_soon_threadsafe(run.cancel)  # what asyncio.run does on Ctrl-C
-            return train_step(engine, trainer, batch)
+            return train_and_sync(engine, trainer, batch)
 
-        monkeypatch.setattr(LocalEngine, "train_step", interrupt_then_train)
+        monkeypatch.setattr(training_loop, "train_and_sync", interrupt_then_train)
         await train(config, lambda metrics: None)
 
     with pytest.raises(Interrupted) as stopped:

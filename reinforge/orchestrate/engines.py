@@ -1,33 +1,30 @@
-"""Where the loop's policy samples, and how the trainer's new weights reach it: an engine
-in this process (the default), or `reinforge serve` processes on this machine (the one at
-`loop.engine_url`, or the `rollout.engines` the run starts), which take weights as a file
-through `POST /v1/weights`.
+"""Where the loop's policy samples: an engine in this process (the default), or `reinforge
+serve` processes on this machine (the one at `loop.engine_url`, or the `rollout.engines`
+the run starts).
 
 Either way the rollout side talks to the engines through the same server API, and the
-loop asks only for the router over their clients, the current policy version, and a
-training step that ends with the weights synced to every engine.
+loop asks only for the router over their clients, the current policy version, the
+transport that pushes the trainer's weights to them (`orchestrate/weight_sync.py`), and a
+hold on decoding while the trainer trains (partial mode).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-import threading
-import time
-from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Protocol
 
-import httpx
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from reinforge.config import Config
-from reinforge.errors import UsageError
 from reinforge.orchestrate.engine_processes import EngineLauncher, EngineProcesses
+from reinforge.orchestrate.weight_sync import (
+    CopiedWeights,
+    FilePush,
+    SharedWeights,
+    Synced,
+    WeightSync,
+)
 from reinforge.policy.backends import SamplingEngine, load_engine
 from reinforge.policy.client import PolicyClient
 from reinforge.policy.engine import Engine
@@ -37,57 +34,56 @@ from reinforge.train.trainable import full_weights
 from reinforge.train.trainer import PolicyTrainer, Trainer, TrainStats
 
 
-@dataclass(frozen=True)
-class Synced:
-    """What one weight sync did."""
-
-    seconds: float
-    engines: int
-    bytes: int
-    """The weights' size once per engine that took them; 0 when the engine shares the
-    trainer's weights (the optimizer step is the sync)."""
-    write_s: float = 0.0
-    """The trainer writing the weights once for every engine (the file handoff); the
-    rest of `seconds` is the engines loading them, at once."""
-
-
 class PolicyEngine(Protocol):
     router: Router
+    sync: WeightSync
 
     @property
     def version(self) -> int:
         """The policy version of the weights the trainer trains now."""
         ...
 
-    def train_step(self, trainer: PolicyTrainer, batch: TrainBatch) -> tuple[TrainStats, Synced]:
-        """The batch's optimizer steps, then the weight sync; returns the trainer's metrics
-        and the sync's. Runs in a worker thread while the rollout side goes on."""
+    def training(self) -> AbstractContextManager[None]:
+        """Held while the trainer trains and pushes: partial mode pauses decoding."""
         ...
 
     async def aclose(self) -> None: ...
 
 
+def train_and_sync(
+    engine: PolicyEngine, trainer: PolicyTrainer, batch: TrainBatch
+) -> tuple[TrainStats, Synced]:
+    """The batch's optimizer steps, then the new weights to every engine: one way, from
+    the trainer to the engines. Runs in a worker thread while the rollout side goes on."""
+    version = engine.version + 1
+    with engine.training():
+        trained = trainer.step(batch)
+        return trained, engine.sync.push(trainer, version)
+
+
 class LocalEngine:
     """The engine in this process. The built-in fp32 engine runs the trainer's own model:
-    no second copy, and the optimizer step, made inside the engine's weight update, is the
-    sync. A bf16 engine, or vLLM, keeps its own copy, refreshed after each step."""
+    no second copy, and the optimizer step, made under the engine's lock, is the sync. A
+    bf16 engine, or vLLM, keeps its own copy, refreshed after each step."""
 
     def __init__(
         self,
         config: Config,
-        model: PreTrainedModel,
+        trainer: Trainer,
         tokenizer: PreTrainedTokenizerBase,
         version: int,
     ) -> None:
-        self.shared = config.model.engine == "builtin" and config.engine.dtype == "float32"
         self.engine: SamplingEngine
-        if self.shared:
-            self.engine = self._shared = Engine(model, tokenizer, config.model.name, config.engine)
-            self.engine.version = version
+        self.sync: WeightSync
+        if config.model.engine == "builtin" and config.engine.dtype == "float32":
+            shared = Engine(trainer.model, tokenizer, config.model.name, config.engine)
+            shared.version = version
+            self.engine, self.sync = shared, SharedWeights(shared, trainer)
         else:
             self.engine = load_engine(config.model, config.engine)
-            with full_weights(model) as weights:  # a checkpoint's or adapter-merged weights
+            with full_weights(trainer.model) as weights:  # a checkpoint's or merged weights
                 self.engine.update_weights(weights, version)
+            self.sync = CopiedWeights(self.engine)
         self.pause_while_training = config.loop.mode == "partial"
         self.router = Router([PolicyClient.for_engine(self.engine, config.rollout.sampling)])
 
@@ -95,18 +91,8 @@ class LocalEngine:
     def version(self) -> int:
         return self.engine.version
 
-    def train_step(self, trainer: PolicyTrainer, batch: TrainBatch) -> tuple[TrainStats, Synced]:
-        assert isinstance(trainer, Trainer)  # in this process: `open_engine` sees to it
-        synced_s, moved = self.engine.stats.sync_s, 0
-        with self.engine.paused() if self.pause_while_training else nullcontext():
-            if self.shared:
-                trained = trainer.step(batch, engine=self._shared)
-            else:
-                trained = trainer.step(batch)
-                with full_weights(trainer.model) as weights:
-                    self.engine.update_weights(weights)
-                    moved = sum(t.numel() * t.element_size() for t in weights.values())
-        return trained, Synced(self.engine.stats.sync_s - synced_s, engines=1, bytes=moved)
+    def training(self) -> AbstractContextManager[None]:
+        return self.engine.paused() if self.pause_while_training else nullcontext()
 
     async def aclose(self) -> None:
         await self.router.aclose()
@@ -114,43 +100,25 @@ class LocalEngine:
 
 
 class RemoteEngine:
-    """`reinforge serve` processes on this machine, started with a weights token. Weights
-    travel as one safetensors file (under /dev/shm, in memory, where there is one) that
-    every engine loads at once; each applies them between two decode steps, and its
-    requests in flight go on.
+    """`reinforge serve` processes on this machine, started with a weights token; the
+    weights reach them as a file (`FilePush`).
 
-    The run's own engines are supervised (`orchestrate/supervisor.py`): one that dies
-    `leave`s, and pushes skip it, or lose it should it die during one; restarted, it
-    `rejoin`s with the last push's file, kept for that, and its version."""
+    The run's own engines are supervised (`orchestrate/supervisor.py`), which takes one
+    that dies out of the router and the pushes and brings it back."""
 
     def __init__(
         self,
         router: Router,
-        urls: list[str],
-        token: str | None,
+        sync: FilePush,
         pause_lease_s: float | None,
         processes: EngineLauncher | None = None,
     ) -> None:
         self.router = router
-        self.urls = urls
+        self.sync = sync
         self.pause_lease_s = pause_lease_s
         """Partial mode: decoding is held for the training step, for at most this long."""
         self.processes = processes
         """The run's own engines, stopped with it; None: an engine the user started."""
-        headers = {"Authorization": f"Bearer {token or ''}"}
-        self._http = [
-            httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=600.0) for url in urls
-        ]
-        self._pool = ThreadPoolExecutor(len(urls), thread_name_prefix="reinforge-sync")
-        memory = Path("/dev/shm")
-        where = memory if memory.is_dir() else None
-        self._dir = Path(tempfile.mkdtemp(prefix="reinforge-weights-", dir=where))
-        self._weights = self._dir / "weights.safetensors"
-        self._version = 0
-        self._joined = [True] * len(urls)
-        """Engines that hold the last push and take the next: those up, to the pushes."""
-        self._lock = threading.Lock()
-        """Held by a push and by a rejoin: a restarted engine takes the last push, whole."""
 
     @classmethod
     async def connect(
@@ -171,9 +139,9 @@ class RemoteEngine:
         clients = [await PolicyClient.for_url(url, sampling, max_retries=retries) for url in urls]
         lease = config.loop.pause_lease_s if config.loop.mode == "partial" else None
         router = Router(clients, supervised=processes is not None)
-        engine = cls(router, urls, token, lease, processes)
+        engine = cls(router, FilePush(urls, token, processes is not None), lease, processes)
         try:
-            engine.push(trainer, version)
+            engine.sync.push(trainer, version)
         except BaseException:  # a refused first push must not leave its folder behind
             await engine.aclose()
             raise
@@ -199,100 +167,24 @@ class RemoteEngine:
 
     @property
     def version(self) -> int:
-        return self._version
+        return self.sync.version
 
-    def train_step(self, trainer: PolicyTrainer, batch: TrainBatch) -> tuple[TrainStats, Synced]:
+    @contextmanager
+    def training(self) -> Iterator[None]:
+        lease = self.pause_lease_s
         try:
-            if self.pause_lease_s is not None:
-                self._post_all("/pause", {"lease_s": self.pause_lease_s}, "pause decoding")
-            trained = trainer.step(batch)
-            started = time.perf_counter()
-            moved, engines, write_s = self.push(trainer, self._version + 1)
-            seconds = time.perf_counter() - started
-            return trained, Synced(seconds, engines, moved, write_s)
-        finally:
-            if self.pause_lease_s is not None:
-                self._post_all("/resume", {}, "resume decoding")
-
-    def push(self, trainer: PolicyTrainer, version: int) -> tuple[int, int, float]:
-        """Every engine up takes the trainer's weights as `version`; returns the bytes they
-        loaded, how many took them, and the seconds writing them took."""
-        with self._lock:
-            started = time.perf_counter()
-            written = self._weights.with_suffix(".writing")
-            trainer.write_weights(written)
-            os.replace(written, self._weights)  # a whole file, or the last one
-            write_s = time.perf_counter() - started
-            size = self._weights.stat().st_size
-            body = {"path": str(self._weights), "version": version}
-            answers = self._post_all("/weights", body, "take the weights")
-            if self.processes is None:  # nothing would restart an engine from the file
-                self._weights.unlink()
-            self._version = version
-        served = {answer["policy_version"] for answer in answers}
-        if not served <= {version}:
-            raise UsageError(f"engines serve versions {sorted(served)} after a push of {version}")
-        return size * len(answers), len(answers), write_s
-
-    def leave(self, index: int) -> None:
-        """Engine `index` died: pushes skip it."""
-        with self._lock:
-            self._joined[index] = False
-
-    def rejoin(self, index: int) -> None:
-        """Engine `index`, restarted (or found answering after a failed request), takes the
-        last push, and every push after it. `EngineGone` should it die meanwhile."""
-        with self._lock:
-            body = {"path": str(self._weights), "version": self._version}
-            _post(self._http[index], "/weights", body, "take the weights")
-            self._joined[index] = True
-
-    def joined(self, index: int) -> bool:
-        return self._joined[index]
-
-    def _post_all(self, route: str, body: dict[str, Any], what: str) -> list[dict[str, Any]]:
-        """`route` on every engine up at once; their answers, or the first refusal. Of the
-        run's own engines, one that cannot be reached (it died) leaves, for its supervisor
-        to bring back; an engine the user started is the run's error."""
-        up = [index for index, joined in enumerate(self._joined) if joined]
-        answers = list(self._pool.map(lambda i: self._reach(i, route, body, what), up))
-        return [answer for answer in answers if answer is not None]
-
-    def _reach(
-        self, index: int, route: str, body: dict[str, Any], what: str
-    ) -> dict[str, Any] | None:
-        try:
-            return _post(self._http[index], route, body, what)
-        except EngineGone:
-            if self.processes is None:
-                raise
-            self._joined[index] = False
-            return None
+            if lease is not None:
+                self.sync.post_all("/pause", {"lease_s": lease}, "pause decoding")
+            yield
+        finally:  # every engine resumes, should some have refused to pause
+            if lease is not None:
+                self.sync.post_all("/resume", {}, "resume decoding")
 
     async def aclose(self) -> None:
         await self.router.aclose()
-        for http in self._http:
-            http.close()
-        self._pool.shutdown()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        self.sync.close()
         if self.processes is not None:
             self.processes.stop()
-
-
-class EngineGone(UsageError):
-    """An engine that could not be reached: it died, or stopped answering."""
-
-
-def _post(http: httpx.Client, route: str, body: dict[str, Any], what: str) -> dict[str, Any]:
-    url = str(http.base_url).rstrip("/")
-    try:
-        response = http.post(route, json=body)
-    except httpx.HTTPError as error:
-        raise EngineGone(f"the engine at {url} did not {what}: {error}") from error
-    if response.status_code != 200:
-        message = response.json().get("error", {}).get("message", response.text)
-        raise UsageError(f"the engine at {url} refused to {what}: {message}")
-    return response.json()
 
 
 async def open_engine(
@@ -311,4 +203,4 @@ async def open_engine(
         return await RemoteEngine.connect(config, trainer, version, urls, token)
     if config.rollout.engines > 1 or not isinstance(trainer, Trainer):
         return await RemoteEngine.start(config, trainer, version, launch)
-    return LocalEngine(config, trainer.model, tokenizer, version)
+    return LocalEngine(config, trainer, tokenizer, version)

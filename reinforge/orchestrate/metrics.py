@@ -8,7 +8,11 @@ what the weight sync moved, and each engine's load.
 
 from __future__ import annotations
 
-from reinforge.orchestrate.engines import Synced
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from reinforge.orchestrate.weight_sync import Synced
 from reinforge.policy.client import Traffic
 from reinforge.rollout.summary import RolloutSummary
 from reinforge.train.trainer import Selection, TrainStats
@@ -30,6 +34,40 @@ class StepTime(Record):
     """The rollout side with nothing to sample (at its staleness bound, or paused)."""
     total_s: float
     """From the end of the previous step to the end of this one."""
+
+
+class StepClock:
+    """A step's wall time, taken as the loop runs it: each of its parts is timed with
+    `part`, and `lap` ends the step, splitting its time into a `StepTime`."""
+
+    def __init__(self) -> None:
+        self._last_end = time.perf_counter()
+        self._parts: dict[str, float] = {}
+
+    @contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        """Time the body as the step's `name` (a `StepTime` field, or `teacher_s`)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._parts[name] = time.perf_counter() - started
+
+    def took(self, name: str) -> float:
+        return self._parts.get(name, 0.0)
+
+    def lap(self, sync_s: float, rollout_idle_s: float) -> StepTime:
+        """The step's time, ended now; the next step's starts. `sync_s` was spent within
+        `train_s`'s part, and is taken out of it."""
+        now = time.perf_counter()
+        total_s, self._last_end = now - self._last_end, now
+        return StepTime(
+            trainer_idle_s=self.took("trainer_idle_s"),
+            train_s=self.took("train_s") - sync_s,
+            sync_s=sync_s,
+            rollout_idle_s=rollout_idle_s,
+            total_s=total_s,
+        )
 
 
 class TokenRates(Record):

@@ -18,7 +18,8 @@ import httpx
 
 from reinforge.errors import UsageError
 from reinforge.orchestrate.engine_processes import EngineLauncher, answers
-from reinforge.orchestrate.engines import EngineGone, PolicyEngine, RemoteEngine
+from reinforge.orchestrate.engines import PolicyEngine, RemoteEngine
+from reinforge.orchestrate.weight_sync import EngineGone
 
 WATCH_S = 0.5
 """Between two looks at the engines."""
@@ -46,24 +47,24 @@ class Supervisor:
         engine, processes = self.engine, self.engine.processes
         async with httpx.AsyncClient(timeout=5.0) as http:
             while True:
-                for index in range(len(engine.urls)):
+                for index in range(len(engine.sync.urls)):
                     await self._check(http, engine, processes, index)
                 await asyncio.sleep(WATCH_S)
 
     async def _check(
         self, http: httpx.AsyncClient, engine: RemoteEngine, processes: EngineLauncher, index: int
     ) -> None:
-        router, code = engine.router, processes.returncode(index)
-        if code is None and index not in router.down and engine.joined(index):
+        router, sync, code = engine.router, engine.sync, processes.returncode(index)
+        if code is None and index not in router.down and sync.joined(index):
             return  # serving
-        if code is not None or not await answers(http, engine.urls[index]):
+        if code is not None or not await answers(http, sync.urls[index]):
             died = "stopped answering" if code is None else f"exited with code {code}"
             self._count(processes, index, died)
             router.take_down(index)
-            engine.leave(index)
+            sync.leave(index)
             await processes.restart(index)
         try:  # restarted, or answering again after a failed request or push
-            await asyncio.to_thread(engine.rejoin, index)
+            await asyncio.to_thread(sync.rejoin, index)
         except EngineGone:
             return  # gone again: the next look restarts it
         await router.serve_again(index)

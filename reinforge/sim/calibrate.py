@@ -3,7 +3,7 @@ machine, and keep what the simulator needs as a `Profile`.
 
 Everything is measured through the loop's own parts: the engine `orchestrate/engines.py`
 opens for the config (built-in or vLLM, shared with the trainer or not) and its
-`train_step` (an optimizer step, then the weight sync). A decode step is timed from the
+`train_and_sync` (an optimizer step, then the weight sync). A decode step is timed from the
 engine's token listener: every running row gets its k-th token from the same iteration,
 so the first listener call of each token index marks an iteration's end, and the rows
 still answering are its batch.
@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedModel
 
-from reinforge.orchestrate.engines import LocalEngine
+from reinforge.orchestrate.engines import LocalEngine, train_and_sync
 from reinforge.policy.backends import SamplingEngine
 from reinforge.policy.engine_thread import Sampled
 from reinforge.policy.models import load_model
@@ -57,7 +57,7 @@ async def _calibrate(config: SimConfig, say: Say) -> Profile:
         total_steps=len(config.sim.calibration.train_tokens) + 3,
         reference=_reference(config, model),
     )
-    engine = LocalEngine(config, model, tokenizer, version=0)
+    engine = LocalEngine(config, trainer, tokenizer, version=0)
     calibration = config.sim.calibration
     vocab = len(tokenizer)
     try:
@@ -206,7 +206,7 @@ async def _train_step(
 ) -> tuple[float, float]:
     """(seconds without the sync, seconds of the sync) of one step as the loop takes it."""
     started = time.perf_counter()
-    _, synced = await asyncio.to_thread(engine.train_step, trainer, batch)
+    _, synced = await asyncio.to_thread(train_and_sync, engine, trainer, batch)
     return time.perf_counter() - started - synced.seconds, synced.seconds
 
 

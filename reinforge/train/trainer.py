@@ -144,16 +144,30 @@ class _FirstPass(NamedTuple):
     """(b, t), detached: the trainer's own, the anchor of an off-policy correction."""
 
 
-class SharedEngine(Protocol):
-    """An engine that samples with the trainer's own model (`policy.engine.Engine`)."""
+class WeightsLock(Protocol):
+    """Held by the trainer while it changes its weights, for whoever reads the same
+    tensors meanwhile: an engine that decodes with this very model. The trainer knows
+    nothing of engines; weights no one else reads need no lock (`UNSHARED`)."""
 
     def paused(self) -> AbstractContextManager[None]:
-        """Hold decoding; the version does not change."""
+        """No reads in the body; the version does not change."""
         ...
 
     def weight_update(self) -> AbstractContextManager[int]:
-        """The weights may change in the body; the version moves on at its end."""
+        """No reads in the body, where the weights change; the version moves on at its
+        end."""
         ...
+
+
+class _Unshared:
+    def paused(self) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def weight_update(self) -> AbstractContextManager[int]:
+        return nullcontext(0)
+
+
+UNSHARED: WeightsLock = _Unshared()
 
 
 class PolicyTrainer(Protocol):
@@ -211,13 +225,16 @@ class Trainer:
         self.grad_clip = optim.grad_clip
         self._first_pass: dict[tuple[int, ...], _FirstPass] = {}
         """Per micro-batch (its rows), during a step: what its first pass computed."""
+        self.weights_lock: WeightsLock = UNSHARED
+        """Set by whoever reads the model's tensors while it trains
+        (`orchestrate.weight_sync.SharedWeights`)."""
 
-    def step(self, batch: TrainBatch, engine: SharedEngine | None = None) -> TrainStats:
+    def step(self, batch: TrainBatch) -> TrainStats:
         """`config.updates_per_batch` optimizer steps over the whole batch, each accumulated
         over micro-batches; the schedule advances once.
 
-        `engine`: one decoding with this very model. The last optimizer step runs inside its
-        weight update, which waits for a step boundary and bumps the version. Decoding is
+        The last optimizer step runs inside `weights_lock.weight_update()`: a shared
+        engine's, which waits for a decode step boundary and bumps the version. Reads are
         held from the first update to the last, so that no token comes from weights between
         two of the batch's updates, which no version names."""
         batch = batch.to(self.device)
@@ -226,11 +243,11 @@ class Trainer:
         self._first_pass = {}
         later = self.config.updates_per_batch - 1
         passes = [self._gradients(batch, plan)]
-        with engine.paused() if engine is not None and later else nullcontext():
+        with self.weights_lock.paused() if later else nullcontext():
             for _ in range(later):
                 self._optimizer_step()
                 passes.append(self._gradients(batch, plan))
-            with engine.weight_update() if engine is not None else nullcontext():
+            with self.weights_lock.weight_update():
                 self._optimizer_step()
         self.scheduler.step()
         self._first_pass = {}  # a batch's log-probs, not kept past its step

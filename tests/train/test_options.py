@@ -190,7 +190,8 @@ def test_a_shared_engine_decodes_no_weights_between_a_batchs_updates(batch, upda
     model, trainer = _trainer(f"trainer.updates_per_batch={updates}")
     start = _weights(model)
     engine = _Watching(model)
-    trainer.step(batch, engine=engine)
+    trainer.weights_lock = engine
+    trainer.step(batch)
     events = [event for event, _ in engine.seen]
     if updates == 1:
         assert events == ["update", "updated"]

@@ -1,0 +1,208 @@
+"""How a trainer's new weights reach the engines that sample: one way, after the step.
+
+The loop trains, then pushes: `synced = sync.push(trainer, version)`. Neither side calls
+the other back. Three transports, by where the engine holds its weights:
+
+| transport       | engine                                   | what a push moves           |
+|-----------------|------------------------------------------|-----------------------------|
+| `SharedWeights` | built-in fp32, in this process: the      | nothing; the optimizer step |
+|                 | trainer's own tensors                    | is the sync                 |
+| `CopiedWeights` | in this process with its own copy        | the full weights, copied in |
+|                 | (bf16, vLLM)                             | place                       |
+| `FilePush`      | `reinforge serve` processes              | one safetensors file each   |
+|                 |                                          | engine loads, at once       |
+
+Shared tensors need one thing more: no decode step may read them while the optimizer
+writes them. The trainer takes the engine as its `weights_lock` for that, which it holds
+around its updates; the version moves on as the lock is let go.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from reinforge.errors import UsageError
+from reinforge.policy.backends import SamplingEngine
+from reinforge.policy.engine import Engine
+from reinforge.train.trainable import full_weights
+from reinforge.train.trainer import PolicyTrainer, Trainer
+
+
+@dataclass(frozen=True)
+class Synced:
+    """What one weight sync did."""
+
+    seconds: float
+    engines: int
+    bytes: int
+    """The weights' size once per engine that took them; 0 when the engine shares the
+    trainer's weights (the optimizer step is the sync)."""
+    write_s: float = 0.0
+    """The trainer writing the weights once for every engine (the file handoff); the
+    rest of `seconds` is the engines loading them, at once."""
+
+
+class WeightSync(Protocol):
+    def push(self, trainer: PolicyTrainer, version: int) -> Synced:
+        """Every engine samples the trainer's weights as `version` from its next decode
+        step on. Runs in the training thread while the rollout side goes on."""
+        ...
+
+
+class SharedWeights:
+    """The engine decodes with the trainer's own model: no second copy. The trainer
+    changes the weights under the engine's lock (it becomes the trainer's
+    `weights_lock`), and the last update moves the engine's version on."""
+
+    def __init__(self, engine: Engine, trainer: Trainer) -> None:
+        self.engine = engine
+        trainer.weights_lock = engine
+        self._sync_s = engine.stats.sync_s
+
+    def push(self, trainer: PolicyTrainer, version: int) -> Synced:
+        if self.engine.version != version:
+            raise RuntimeError(
+                f"the shared engine holds version {self.engine.version} after the step to "
+                f"{version}: the trainer changed its weights without the engine's lock"
+            )
+        return Synced(self._take_sync_s(), engines=1, bytes=0)
+
+    def _take_sync_s(self) -> float:
+        """The engine's time in weight updates since the last push."""
+        total = self.engine.stats.sync_s
+        seconds, self._sync_s = total - self._sync_s, total
+        return seconds
+
+
+class CopiedWeights:
+    """An engine in this process with its own copy of the weights (another dtype, or
+    vLLM): each push copies the full weights (LoRA merged) in, between two decode steps."""
+
+    def __init__(self, engine: SamplingEngine) -> None:
+        self.engine = engine
+
+    def push(self, trainer: PolicyTrainer, version: int) -> Synced:
+        assert isinstance(trainer, Trainer)  # in this process: `open_engine` sees to it
+        started_s = self.engine.stats.sync_s
+        with full_weights(trainer.model) as weights:
+            self.engine.update_weights(weights, version)
+            moved = sum(t.numel() * t.element_size() for t in weights.values())
+        return Synced(self.engine.stats.sync_s - started_s, engines=1, bytes=moved)
+
+
+class FilePush:
+    """`reinforge serve` processes on this machine, reached at `urls` with a weights
+    token: weights travel as one safetensors file (under /dev/shm, in memory, where there
+    is one) that every engine loads at once through `POST /v1/weights`; each applies them
+    between two decode steps, and its requests in flight go on.
+
+    Of the run's own engines (`supervised`), one that dies `leave`s, and pushes skip it,
+    or lose it should it die during one; restarted, it `rejoin`s with the last push's
+    file, kept for that, and its version. An engine the user started that cannot be
+    reached is the run's error."""
+
+    def __init__(self, urls: list[str], token: str | None, supervised: bool) -> None:
+        self.urls = urls
+        self.supervised = supervised
+        self.version = 0
+        """Of the last push."""
+        headers = {"Authorization": f"Bearer {token or ''}"}
+        self._http = [
+            httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=600.0) for url in urls
+        ]
+        self._pool = ThreadPoolExecutor(len(urls), thread_name_prefix="reinforge-sync")
+        memory = Path("/dev/shm")
+        where = memory if memory.is_dir() else None
+        self._dir = Path(tempfile.mkdtemp(prefix="reinforge-weights-", dir=where))
+        self._weights = self._dir / "weights.safetensors"
+        self._joined = [True] * len(urls)
+        """Engines that hold the last push and take the next: those up, to the pushes."""
+        self._lock = threading.Lock()
+        """Held by a push and by a rejoin: a restarted engine takes the last push, whole."""
+
+    def push(self, trainer: PolicyTrainer, version: int) -> Synced:
+        started = time.perf_counter()
+        with self._lock:
+            writing = time.perf_counter()
+            written = self._weights.with_suffix(".writing")
+            trainer.write_weights(written)
+            os.replace(written, self._weights)  # a whole file, or the last one
+            write_s = time.perf_counter() - writing
+            size = self._weights.stat().st_size
+            body = {"path": str(self._weights), "version": version}
+            answers = self.post_all("/weights", body, "take the weights")
+            if not self.supervised:  # nothing would restart an engine from the file
+                self._weights.unlink()
+            self.version = version
+        served = {answer["policy_version"] for answer in answers}
+        if not served <= {version}:
+            raise UsageError(f"engines serve versions {sorted(served)} after a push of {version}")
+        seconds = time.perf_counter() - started
+        return Synced(seconds, len(answers), size * len(answers), write_s)
+
+    def leave(self, index: int) -> None:
+        """Engine `index` died: pushes skip it."""
+        with self._lock:
+            self._joined[index] = False
+
+    def rejoin(self, index: int) -> None:
+        """Engine `index`, restarted (or found answering after a failed request), takes the
+        last push, and every push after it. `EngineGone` should it die meanwhile."""
+        with self._lock:
+            body = {"path": str(self._weights), "version": self.version}
+            _post(self._http[index], "/weights", body, "take the weights")
+            self._joined[index] = True
+
+    def joined(self, index: int) -> bool:
+        return self._joined[index]
+
+    def post_all(self, route: str, body: dict[str, Any], what: str) -> list[dict[str, Any]]:
+        """`route` on every engine up at once; their answers, or the first refusal. Of the
+        run's own engines, one that cannot be reached (it died) leaves, for its supervisor
+        to bring back."""
+        up = [index for index, joined in enumerate(self._joined) if joined]
+        answers = list(self._pool.map(lambda i: self._reach(i, route, body, what), up))
+        return [answer for answer in answers if answer is not None]
+
+    def _reach(
+        self, index: int, route: str, body: dict[str, Any], what: str
+    ) -> dict[str, Any] | None:
+        try:
+            return _post(self._http[index], route, body, what)
+        except EngineGone:
+            if not self.supervised:
+                raise
+            self._joined[index] = False
+            return None
+
+    def close(self) -> None:
+        for http in self._http:
+            http.close()
+        self._pool.shutdown()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class EngineGone(UsageError):
+    """An engine that could not be reached: it died, or stopped answering."""
+
+
+def _post(http: httpx.Client, route: str, body: dict[str, Any], what: str) -> dict[str, Any]:
+    url = str(http.base_url).rstrip("/")
+    try:
+        response = http.post(route, json=body)
+    except httpx.HTTPError as error:
+        raise EngineGone(f"the engine at {url} did not {what}: {error}") from error
+    if response.status_code != 200:
+        message = response.json().get("error", {}).get("message", response.text)
+        raise UsageError(f"the engine at {url} refused to {what}: {message}")
+    return response.json()
