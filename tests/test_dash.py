@@ -26,14 +26,14 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from reinforge.config import Config
-from reinforge.dash.app import create_app
 from reinforge.orchestrate.metrics import StepMetrics, StepTime, step_metrics
 from reinforge.policy.chat import ChatFormat
 from reinforge.policy.models import load_tokenizer
-from reinforge.rollout import diff
 from reinforge.rollout.evaluate import EvalSummary
 from reinforge.rollout.store import RolloutWriter
 from reinforge.rollout.summary import summarize
+from reinforge.rundirs import diff
+from reinforge.rundirs.dash.app import create_app
 from reinforge.train.trainer import TrainStats, select_for_training
 from reinforge.types import Group, Status, Task, Trajectory
 

@@ -12,11 +12,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from reinforge.config import Config
-from reinforge.dash.app import create_app
 from reinforge.orchestrate.metrics import StepTime, step_metrics
-from reinforge.rollout import diff
 from reinforge.rollout.store import RolloutWriter
 from reinforge.rollout.summary import summarize
+from reinforge.rundirs import diff
+from reinforge.rundirs.dash.app import create_app
 from reinforge.train.trainer import select_for_training
 from reinforge.types import Group, Status, Task, Trajectory
 

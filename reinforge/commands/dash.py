@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"no such folder: {args.runs_dir}")
     import uvicorn
 
-    from reinforge.dash.app import create_app
+    from reinforge.rundirs.dash.app import create_app
 
     listener = _listen(args.host, args.port)
     host, port = listener.getsockname()[:2]

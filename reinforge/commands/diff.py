@@ -7,8 +7,8 @@ import argparse
 from pathlib import Path
 
 from reinforge.errors import UsageError
-from reinforge.rollout import diff
-from reinforge.rollout.diff import Report
+from reinforge.rundirs import diff
+from reinforge.rundirs.diff import Report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,10 +13,10 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Query
 from fastapi.staticfiles import StaticFiles
 
-from reinforge.dash import runs, trajectories
-from reinforge.dash.runs import RunDir
 from reinforge.errors import UsageError
-from reinforge.rollout import diff
+from reinforge.rundirs import diff
+from reinforge.rundirs.dash import runs, trajectories
+from reinforge.rundirs.dash.runs import RunDir
 
 STATIC = Path(__file__).parent / "static"
 
