@@ -14,6 +14,9 @@ from pathlib import Path
 
 from transformers import AutoModelForCausalLM
 
+from reinforge.config import Config, load_config
+from reinforge.orchestrate.ray_cluster import hidden_gpus
+
 from .commands import ROOT, tiny_train
 from .conftest import require_extra
 from .test_several_engines import gone
@@ -111,3 +114,23 @@ def test_a_rank_killed_mid_run_stops_it_in_one_line_and_resume_goes_on(tmp_path)
     done = _train(tiny_train(tmp_path, "run.steps=4", "trainer.world_size=2", "--resume"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert [row["step"] for row in _rows(tmp_path / "r")][-1] == 4
+
+
+def test_a_ray_cluster_with_gpus_refuses_processes_that_ask_for_none():
+    """Ray hides the GPUs from an actor that asks for none: such a run would train and
+    decode on CPUs without a word."""
+    config = load_config(Config, None, ["cluster.backend=ray", "trainer.world_size=2"])
+    line = hidden_gpus(config, 8.0)
+    assert line is not None and "\n" not in line
+    assert "cluster.rank.gpus and cluster.engine.gpus = 0" in line
+    asked = ["cluster.rank.gpus=1", "cluster.engine.gpus=0.5"]
+    assert hidden_gpus(load_config(Config, None, [*asked, "trainer.world_size=2"]), 8.0) is None
+    engines = load_config(Config, None, ["cluster.backend=ray", "rollout.engines=2"])
+    assert hidden_gpus(engines, 8.0).endswith(  # type: ignore[union-attr]
+        'set cluster.engine.gpus = 1, or model.device = "cpu" for CPUs'
+    )
+    on_cpus = load_config(Config, None, ["rollout.engines=2", 'model.device="cpu"'])
+    assert hidden_gpus(on_cpus, 8.0) is None
+    assert hidden_gpus(config, 0.0) is None  # a cluster of CPUs
+    one_process = load_config(Config, None, ["cluster.backend=ray"])
+    assert hidden_gpus(one_process, 8.0) is None  # trainer and engine in the driver: no actor

@@ -50,7 +50,7 @@ class EngineLauncher(Protocol):
     token: str
     """The weights token every engine was started with."""
 
-    def returncode(self, index: int) -> int | None:
+    async def returncode(self, index: int) -> int | None:
         """Engine `index`'s exit code; None while it runs."""
         ...
 
@@ -93,7 +93,7 @@ class EngineProcesses:
         self._kill(self.processes[index])
         await self._launch([index])
 
-    def returncode(self, index: int) -> int | None:
+    async def returncode(self, index: int) -> int | None:
         """Engine `index`'s exit code; None while it runs."""
         return self.processes[index].poll()
 

@@ -59,6 +59,9 @@ except ImportError:  # told in one line when a run asks for it
 PLACE_S = 120.0
 """How long a placement group may wait for the cluster's resources before the run says
 what was missing (Ray itself would wait for ever)."""
+ANSWER_S = 60.0
+"""How long an actor may take to answer a question (its node, its engine's exit code):
+one on a node that died or hangs never answers, and Ray would wait for ever."""
 
 
 class RayCluster:
@@ -82,6 +85,10 @@ class RayCluster:
             )
         except ConnectionError as error:
             raise UsageError(f"cluster.address = {address!r}: {error}") from error
+        hidden = hidden_gpus(config, ray.cluster_resources().get("GPU", 0.0))
+        if hidden is not None:
+            ray.shutdown()
+            raise UsageError(hidden)
 
     def ranks(self, config: TrainerConfig, factory: Any, *args: Any) -> RayRanks:
         return RayRanks(self, config, factory, args)
@@ -130,6 +137,32 @@ class RayCluster:
             )
 
 
+def hidden_gpus(config: Config, cluster_gpus: float) -> str | None:
+    """Why the run would not see the cluster's GPUs, if it would not: Ray shows an actor
+    only the GPUs it asks for, so processes asking for none train or decode on CPUs,
+    silently, however many GPUs their node has."""
+    if not cluster_gpus or config.model.device == "cpu":
+        return None
+    sharded = config.trainer.world_size > 1
+    processes: list[tuple[str, Resources, str]] = []
+    if sharded:
+        processes.append(("cluster.rank", config.cluster.rank, "trainer ranks"))
+    if config.loop.engine_url is None and (config.rollout.engines > 1 or sharded):
+        processes.append(("cluster.engine", config.cluster.engine, "engines"))  # open_engine's
+    blind = [(key, what) for key, resources, what in processes if resources.gpus == 0]
+    if not blind:
+        return None
+    keys = " and ".join(f"{key}.gpus" for key, _ in blind)
+    whats = " and ".join(what for _, what in blind)
+    # a sharded trainer's ranks take the device auto gives them (the config allows no other)
+    or_cpus = "" if sharded else ', or model.device = "cpu" for CPUs'
+    return (
+        f"the Ray cluster has {cluster_gpus:g} GPUs, but {keys} = 0 hides them from the "
+        f"run's {whats} (Ray shows an actor only the GPUs it asks for): set {keys} = 1"
+        f"{or_cpus}"
+    )
+
+
 def _asked(config: Config, resource: str) -> float:
     ranks = config.trainer.world_size if config.trainer.world_size > 1 else 0
     engines = config.rollout.engines
@@ -169,8 +202,8 @@ class RayRanks:
         actor = ray.remote(RankActor)
         self._actors = [actor.options(**option).remote() for option in options]
         try:
-            cluster.require_here(ray.get(self._actors[0].node.remote()), "trainer rank 0")
-            init_method = ray.get(self._actors[0].rendezvous.remote())
+            cluster.require_here(_ask(self._actors[0].node, "trainer rank 0"), "trainer rank 0")
+            init_method = _ask(self._actors[0].rendezvous, "trainer rank 0")
             self._wait(
                 [
                     a.setup.remote(rank, config, init_method, factory, args)
@@ -182,7 +215,8 @@ class RayRanks:
             raise
 
     def call(self, method: str, *args: Any) -> list[Any]:
-        refs = [actor.call.remote(method, *args) for actor in self._actors]
+        shared = [ray.put(arg) for arg in args]  # once, not once per rank (a batch)
+        refs = [actor.call.remote(method, *shared) for actor in self._actors]
         try:
             return self._wait(refs)
         except BaseException:
@@ -298,26 +332,33 @@ class RayEngines:
         """Engine `index`'s actor, in its bundle, on its port once it has one."""
         actor = ray.remote(EngineActor).options(**self._options[index])
         handle = actor.remote(self._settings, str(self.log(index)), self._ports[index])
-        self.cluster.require_here(ray.get(handle.node.remote()), f"engine {index}")
+        self.cluster.require_here(_ask(handle.node, f"engine {index}"), f"engine {index}")
         return handle
 
     def _started(self, indices: range | list[int]) -> list[int]:
         refs = [self._actors[i].start.remote(i) for i in indices]
         try:
-            return ray.get(refs)
+            return ray.get(refs, timeout=START_S + ANSWER_S)
         except RayTaskError as error:
             raise (error.cause if isinstance(error.cause, UsageError) else error) from None
+        except GetTimeoutError:
+            raise UsageError(
+                f"engines {list(indices)} did not answer within {START_S + ANSWER_S:.0f} s "
+                "of their start (is their node up?)"
+            ) from None
 
-    def returncode(self, index: int) -> int | None:
+    async def returncode(self, index: int) -> int | None:
+        """Asked without blocking the loop that runs every rollout."""
+        answer = asyncio.wrap_future(self._actors[index].returncode.remote().future())
         try:
-            return ray.get(self._actors[index].returncode.remote(), timeout=30.0)
-        except (RayActorError, GetTimeoutError):
+            return await asyncio.wait_for(answer, ANSWER_S)
+        except (TimeoutError, RayActorError):
             return -1  # its actor is gone (or hung): the engine with it
 
     async def restart(self, index: int) -> None:
         """The engine again at its port: by its actor, or by a new one should the actor
         have died with it."""
-        if self.returncode(index) == -1:
+        if await self.returncode(index) == -1:
             ray.kill(self._actors[index])
             self._actors[index] = await asyncio.to_thread(self._actor, index)
         await asyncio.to_thread(self._started, [index])
@@ -333,6 +374,17 @@ class RayEngines:
             ray.kill(actor)
         self._actors = []
         _release(self)
+
+
+def _ask(method: Any, who: str) -> Any:
+    """An actor's answer to a question that takes no time, or one line: an actor on a
+    node that died or hangs would keep `ray.get` waiting for ever."""
+    try:
+        return ray.get(method.remote(), timeout=ANSWER_S)
+    except GetTimeoutError:
+        raise UsageError(
+            f"{who} did not answer within {ANSWER_S:.0f} s (is its node up?)"
+        ) from None
 
 
 def _release(owner: RayRanks | RayEngines) -> None:

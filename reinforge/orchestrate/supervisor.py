@@ -54,7 +54,7 @@ class Supervisor:
     async def _check(
         self, http: httpx.AsyncClient, engine: RemoteEngine, processes: EngineLauncher, index: int
     ) -> None:
-        router, sync, code = engine.router, engine.sync, processes.returncode(index)
+        router, sync, code = engine.router, engine.sync, await processes.returncode(index)
         if code is None and index not in router.down and sync.joined(index):
             return  # serving
         if code is not None or not await answers(http, sync.urls[index]):

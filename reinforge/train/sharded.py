@@ -158,6 +158,7 @@ class RankTrainer:
     process calls, every rank at once."""
 
     def __init__(self, rank: int, spec: TrainerSpec) -> None:
+        self.rank = rank
         self.trainer = build_trainer(ShardedTrainer, spec)
 
     def step(self, batch: TrainBatch) -> TrainStats:
@@ -169,8 +170,11 @@ class RankTrainer:
     def save_model(self, folder: Path) -> None:
         self.trainer.save_model(folder)
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.trainer.state_dict()
+    def state_dict(self) -> dict[str, Any] | None:
+        """Every rank gathers (a collective); rank 0 alone answers, as only its answer is
+        kept: a whole optimizer state sent back by every rank would be W times the bytes."""
+        state = self.trainer.state_dict()
+        return state if self.rank == 0 else None
 
 
 class TrainerRanks:

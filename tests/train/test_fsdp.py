@@ -17,9 +17,9 @@ from reinforge.policy.models import load_model
 from reinforge.train.algorithm import AlgorithmConfig, PPOClipLoss, SequenceMean, TruncatedIS
 from reinforge.train.batching import TrainBatch, micro_batches
 from reinforge.train.config import OptimConfig, TrainerConfig
-from reinforge.train.ranks import RankFailed, run_on_ranks
-from reinforge.train.sharded import ShardedTrainer
-from reinforge.train.trainer import Trainer
+from reinforge.train.ranks import LocalRanks, RankFailed, run_on_ranks
+from reinforge.train.sharded import RankTrainer, ShardedTrainer
+from reinforge.train.trainer import Trainer, TrainerSpec
 from reinforge.types import Trajectory
 
 from .rank_faults import answer_then_die, leave
@@ -189,3 +189,20 @@ def test_a_checkpoint_resumes_on_another_world_size(tmp_path):
         for key, value in entry.items():
             torch.testing.assert_close(resharded["optimizer"]["state"][index][key], value)
     Trainer(saved, config, OPTIM, total_steps=STEPS).load_state_dict(resharded)
+
+
+def test_only_rank_0_sends_the_optimizer_state_back():
+    """Every rank gathers the state (a collective), but a checkpoint keeps rank 0's: the
+    others' copies would cross the process boundary, W times the bytes, for nothing."""
+    config = TrainerConfig(world_size=2, collective_timeout_s=120)
+    spec = TrainerSpec("tiny-random", config, OPTIM, total_steps=STEPS)
+    ranks = LocalRanks(config, RankTrainer, spec)
+    try:
+        ranks.call("step", _batch())
+        zero, one = ranks.call("state_dict")
+    finally:
+        ranks.stop()
+    assert one is None
+    moments = [entry["exp_avg"] for entry in zero["optimizer"]["state"].values()]
+    parameters = load_model("tiny-random")[0].parameters()
+    assert sorted(m.numel() for m in moments) == sorted(p.numel() for p in parameters)  # whole
