@@ -11,7 +11,7 @@ destroyed, and the expected sum never enters it.
 import random
 
 from reinforge.envs import Episode, Harness, Reward, Rubric
-from reinforge.envs.sandbox import SandboxEnvironment, SandboxTools
+from reinforge.envs.harbor.sandbox import SandboxEnvironment, SandboxTools
 from reinforge.types import Task
 
 PROMPT = (

@@ -17,7 +17,7 @@ from typing import Any, Literal, Self, TypeVar
 
 from pydantic import Field, ValidationError, model_validator
 
-from reinforge.envs.config import EnvConfig
+from reinforge.envs.recipes.config import RecipesConfig
 from reinforge.errors import ConfigError, UsageError, first_problem
 from reinforge.orchestrate.config import ClusterConfig, LoopConfig, RunConfig
 from reinforge.policy.config import EngineConfig, ModelConfig, ServerConfig
@@ -32,7 +32,7 @@ class Config(Section):
 
     model: ModelConfig = Field(default_factory=ModelConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
-    env: EnvConfig = Field(default_factory=EnvConfig)
+    env: RecipesConfig = Field(default_factory=RecipesConfig)
     rollout: TrainRolloutConfig = Field(default_factory=TrainRolloutConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
@@ -91,7 +91,7 @@ class EvalConfig(Section):
 
     model: ModelConfig = Field(default_factory=ModelConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
-    env: EnvConfig = Field(default_factory=EnvConfig)
+    env: RecipesConfig = Field(default_factory=RecipesConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     eval: EvalSection = Field(default_factory=EvalSection)
 

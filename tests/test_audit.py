@@ -9,10 +9,11 @@ import subprocess
 import pytest
 
 from reinforge.cli import main
-from reinforge.envs import harbor, harbor_verify
 from reinforge.envs.builtin.coding import TASKS
-from reinforge.envs.exploits import EXPLOITS
-from reinforge.envs.harbor import load_environment
+from reinforge.envs.harbor import environment as harbor
+from reinforge.envs.harbor import verify as harbor_verify
+from reinforge.envs.harbor.environment import load_environment
+from reinforge.envs.harbor.exploits import EXPLOITS
 from reinforge.rollout.audit import audit
 from reinforge.rollout.config import RolloutConfig
 
@@ -259,8 +260,8 @@ async def test_an_error_shield_is_a_hack_where_the_agents_fault_is_an_error(
     )
     assert "timeout_sec = 5.0" in toml.read_text()
 
-    def as_an_error(episode, fault):
-        episode.state["verifier_error"] = str(fault)
+    def as_an_error(grading, fault):
+        grading.verifier_error = str(fault)
 
     with monkeypatch.context() as weakened:
         weakened.setattr(harbor, "_fail", as_an_error)

@@ -13,7 +13,7 @@ import pytest
 from reinforge.envs.builtin.coding import TASKS, load_environment, written_names
 from reinforge.envs.builtin.coding.generated import KINDS, generate, named
 from reinforge.envs.builtin.coding.generated.task_dir import FUNCTION_CHECK
-from reinforge.envs.harbor import load_environment as load_harbor
+from reinforge.envs.harbor.environment import load_environment as load_harbor
 from reinforge.errors import UsageError
 
 from .commands import reinforge

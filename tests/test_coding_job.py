@@ -11,7 +11,7 @@ import pytest
 
 from reinforge.config import Config, load_config
 from reinforge.envs.builtin.coding import TASKS
-from reinforge.envs.harbor import load_environment
+from reinforge.envs.harbor.environment import load_environment
 from reinforge.errors import UsageError
 from reinforge.policy.models import load_tokenizer, model_folder
 from reinforge.rollout.store import read_trajectories

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from reinforge.envs.hacks import (
+from reinforge.envs.harbor.hacks import (
     GIT_HISTORY,
     READ_HIDDEN,
     TOUCHED_TESTS,

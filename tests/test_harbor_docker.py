@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from reinforge.envs.harbor import HarborEnvironment
-from reinforge.envs.harbor_agents import ScriptAgent
+from reinforge.envs.harbor.agents import ScriptAgent
+from reinforge.envs.harbor.environment import HarborEnvironment
 from reinforge.envs.registry import load_environment
 
 from .commands import reinforge

@@ -11,8 +11,8 @@ import pytest
 
 from reinforge.envs.builtin.coding import TASKS
 from reinforge.envs.config import EnvConfig
-from reinforge.envs.harbor import HarborEnvironment
-from reinforge.envs.harbor_verify import quiesce_and_snapshot
+from reinforge.envs.harbor.environment import HarborEnvironment
+from reinforge.envs.harbor.verify import quiesce_and_snapshot
 from reinforge.envs.registry import load_configured, load_environment
 from reinforge.errors import UsageError
 from reinforge.policy.client import PolicyClient

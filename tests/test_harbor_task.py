@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from reinforge.envs.harbor_task import find_tasks, load_task, parse_dockerfile
-from reinforge.envs.harbor_verify import (
+from reinforge.envs.harbor.task import find_tasks, load_task, parse_dockerfile
+from reinforge.envs.harbor.verify import (
     VerifierError,
     filter_workspace,
     neutralise_script,

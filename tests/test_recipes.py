@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from reinforge.envs.config import EnvConfig
-from reinforge.envs.judge import Criterion, JudgeConfig
+from reinforge.envs.recipes.config import RecipesConfig
+from reinforge.envs.recipes.judge import Criterion, JudgeConfig
 from reinforge.envs.registry import load_configured
 from reinforge.policy.client import PolicyClient
 from reinforge.policy.config import SamplingConfig
@@ -40,7 +40,7 @@ async def test_a_judge_behind_a_real_server(judge_url, tiny_engine):
         max_tokens=16,
         criteria=[Criterion(name="polite", rubric="The reply is polite.")],
     )
-    env = load_configured(EnvConfig(name=LENGTH_ENV, judge=judge))
+    env = load_configured(RecipesConfig(name=LENGTH_ENV, judge=judge))
     client = PolicyClient.for_engine(tiny_engine, SamplingConfig())
     (group,) = await generate_groups(env, env.tasks(1), client, RolloutConfig(), 2, 0)
     for trajectory in group.trajectories:
@@ -49,7 +49,7 @@ async def test_a_judge_behind_a_real_server(judge_url, tiny_engine):
             trajectory.error or ""
         )
     unreachable = judge.model_copy(update={"url": "http://127.0.0.1:9/v1"})
-    env = load_configured(EnvConfig(name=LENGTH_ENV, judge=unreachable))
+    env = load_configured(RecipesConfig(name=LENGTH_ENV, judge=unreachable))
     (group,) = await generate_groups(env, env.tasks(1), client, RolloutConfig(), 1, 0)
     (trajectory,) = group.trajectories
     assert trajectory.status == Status.ERROR

@@ -52,8 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reinforge.envs.exploits import EXPLOITS
-    from reinforge.envs.harbor import HarborEnvironment
+    from reinforge.envs.harbor.environment import HarborEnvironment
+    from reinforge.envs.harbor.exploits import EXPLOITS
     from reinforge.envs.registry import load_environment
     from reinforge.rollout.config import RolloutConfig
 
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _from_file(path: Path) -> Any:
     """A user's exploit: the file's `exploit(task)` gives the bash script for a task."""
-    from reinforge.envs.harbor_agents import ScriptAgent
+    from reinforge.envs.harbor.agents import ScriptAgent
     from reinforge.envs.registry import load_user_file
 
     module = load_user_file(path, "exploit", "exploit")

@@ -68,7 +68,7 @@ def load(args: argparse.Namespace) -> EvalConfig:
 
 def run(args: argparse.Namespace) -> int:
     config = load(args)
-    from reinforge.envs.harbor import use_agent
+    from reinforge.envs.harbor.environment import use_agent
     from reinforge.envs.registry import load_configured
     from reinforge.errors import UsageError
 

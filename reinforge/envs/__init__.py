@@ -1,4 +1,5 @@
-"""Writing environments: tasks, harness, rubric, tools and parsers."""
+"""Writing environments: tasks, harness, rubric, tools and parsers, and the protocol of the
+recipes a run adds to any environment."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from reinforge.envs.episode import Episode
+from reinforge.envs.recipe import Recipe
 from reinforge.envs.rubric import GroupReward, Reward, Rubric
 from reinforge.envs.tools import Tool, tool
 
@@ -29,6 +31,7 @@ __all__ = [
     "Finished",
     "GroupReward",
     "Harness",
+    "Recipe",
     "Reward",
     "Rubric",
     "Step",

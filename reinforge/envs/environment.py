@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from reinforge.envs.augment import HarnessAugmentation
 from reinforge.envs.blocking import in_thread
 from reinforge.envs.episode import Episode
-from reinforge.envs.levels import ReasoningLevels
+from reinforge.envs.recipe import Recipe
 from reinforge.envs.rubric import Rubric
-from reinforge.envs.subagent import SUBAGENT_CALLS, SubAgent
 from reinforge.envs.tools import Tool, ToolResult
 from reinforge.policy.chat import CHAT_API_FORMAT, parse_tool_calls
-from reinforge.policy.client import ChatClient, EpisodeClient, EpisodeLimit
+from reinforge.policy.client import ChatClient, EpisodeLimit
 from reinforge.types import Message, Task
 
 
@@ -47,8 +45,8 @@ Respond = Callable[[Episode], Awaitable[Step]]
 
 @dataclass
 class Harness:
-    """How the agent is driven: system prompt, tools, turn limit, token limits, and what
-    varies per rollout (reasoning levels, harness variants)."""
+    """How the agent is driven: system prompt, tools, turn limit, token limits, and the
+    recipes that vary it per rollout."""
 
     system_prompt: str | None = None
     tools: Sequence[Tool] = ()
@@ -56,10 +54,11 @@ class Harness:
     max_tokens_per_turn: int = 256
     max_total_tokens: int | None = None
     """Sampled tokens over the whole episode; past it the episode ends as truncated."""
-    levels: ReasoningLevels | None = None
-    """Reasoning levels, one drawn per rollout and told to the model; None: none."""
-    augment: HarnessAugmentation | None = None
-    """Harness variants, one drawn per rollout; None: this harness for every rollout."""
+    recipes: Sequence[Recipe[Any]] = ()
+    """Run by the rollout generator around every rollout (a reasoning level, a harness
+    variant): each prepares the episode in turn, and they record in reverse order, as
+    nested context managers exit, so the last to prepare (nearest the episode) records
+    first. Their reward terms join the rubric through `Environment.add_recipes`."""
 
     def initial_messages(self, task: Task) -> list[Message]:
         prompt = [dict(m) for m in task.prompt]
@@ -120,6 +119,17 @@ class Environment:
     def new_episode(self, task: Task) -> Episode:
         return Episode(task, self.harness.initial_messages(task), self.setup(task))
 
+    def add_recipes(self, *recipes: Recipe[Any]) -> None:
+        """Run `recipes` around every rollout, after the harness's own, with their reward
+        terms after the rubric's: the environment's terms keep their names and weights, so
+        no environment changes to take part. A term named like one before it raises
+        ValueError, leaving the environment as it was."""
+        terms = [term for recipe in recipes for term in recipe.terms()]
+        if terms:
+            rubric = self.rubric
+            self.rubric = Rubric(*rubric.terms, *terms, pass_threshold=rubric.pass_threshold)
+        self.harness = replace(self.harness, recipes=[*self.harness.recipes, *recipes])
+
     async def rollout(
         self, client: ChatClient, task: Task, episode: Episode | None = None
     ) -> Episode:
@@ -136,22 +146,19 @@ class Environment:
 
     async def _play(self, client: ChatClient, episode: Episode) -> None:
         """The agent loop: chat, run tool calls, or let the environment respond."""
-        await self._loop(client, episode, self.harness.max_turns, self.respond)
+        await self.agent_loop(client, episode, self.harness.max_turns, self.respond)
 
-    async def _loop(
+    async def agent_loop(
         self, client: ChatClient, episode: Episode, max_turns: int, respond: Respond
     ) -> None:
-        """`_play`'s loop, which a sub-agent's episode runs too with a `respond` of its own."""
+        """`_play`'s loop, for at most `max_turns` turns; a nested episode (a sub-agent's)
+        runs it too, with a `respond` of its own."""
         harness = self.harness
-        tools = self._episode_tools(episode)
-        # The chat API's calls go through it; other formats were told in the system prompt.
-        through_api = episode.tool_format == CHAT_API_FORMAT
-        schemas = [t.schema for t in tools.values()] if through_api else []
+        tools = self.episode_tools(episode)
+        schemas = self.request_tools(episode)
         while episode.turns < max_turns:
             try:
-                reply = await client.chat(
-                    episode.messages, schemas or None, harness.max_tokens_per_turn
-                )
+                reply = await client.chat(episode.messages, schemas, harness.max_tokens_per_turn)
             except EpisodeLimit:
                 episode.truncated = True
                 return
@@ -174,12 +181,20 @@ class Environment:
             episode.add(step.messages)
         episode.truncated = True
 
-    def _episode_tools(self, episode: Episode) -> dict[str, Tool]:
+    def episode_tools(self, episode: Episode) -> dict[str, Tool]:
         """The tools by the names this episode was shown them (a harness variant may
         rename them), in the order it was offered them."""
         if episode.tools is None:
             return self._tools
         return {t.name: t for t in episode.tools}
+
+    def request_tools(self, episode: Episode) -> list[dict[str, Any]] | None:
+        """The tool schemas that go with each of the episode's chat requests, which its
+        trajectory records: the chat API's calls go through it, other formats were told in
+        the system prompt (`Episode.offer_tools`). None: no tools go."""
+        if episode.tool_format != CHAT_API_FORMAT:
+            return None
+        return [t.schema for t in self.episode_tools(episode).values()] or None
 
     async def _run_tools(
         self, client: ChatClient, episode: Episode, message: Message
@@ -187,7 +202,7 @@ class Environment:
         """Run each call; errors go back to the model as tool messages and are counted. The
         calls are the server's (`tool_calls`) or, where it parsed none, those in the text
         in the episode's format."""
-        tools = self._episode_tools(episode)
+        tools = self.episode_tools(episode)
         parsed = parse_tool_calls(message.get("content") or "", episode.tool_format)
         results: list[Message] = []
         for problem in parsed.errors:
@@ -203,10 +218,8 @@ class Environment:
                 result = ToolResult(
                     f"Error: no tool named {function['name']!r}; tools: {known}", error=True
                 )
-            elif isinstance(tool, SubAgent):
-                result = await self._delegate(client, episode, tool, arguments)
             else:
-                result = await tool.call(arguments, episode)
+                result = await tool.run(arguments, episode, self, client)
             episode.tool_errors += result.error
             results.append(
                 {
@@ -217,50 +230,6 @@ class Environment:
                 }
             )
         return results
-
-    async def _delegate(
-        self, client: ChatClient, episode: Episode, tool: SubAgent, arguments: str
-    ) -> ToolResult:
-        """Run a sub-agent call: the task as a nested episode of the same policy, sharing
-        this episode's task, state and resources (its sandbox), offered its tools but the
-        sub-agent in its format; the helper's final answer is the result."""
-        given = await tool.call(arguments)
-        if given.error:
-            return given
-        helper_client = _helper_client(client, self.harness.max_total_tokens)
-        episode.state[SUBAGENT_CALLS] = episode.state.get(SUBAGENT_CALLS, 0) + 1
-        helper = Episode(
-            episode.task,
-            [{"role": "user", "content": given.content}],
-            episode.state,
-            resources=episode.resources,
-            max_message_bytes=episode.max_message_bytes,
-        )
-        others = [t for t in self._episode_tools(episode).values() if not isinstance(t, SubAgent)]
-        helper.offer_tools(others, episode.tool_format)
-        await self._loop(helper_client, helper, tool.max_turns, _answer)
-        if helper.truncated:
-            return ToolResult(
-                f"Error: the sub-agent did not finish in {tool.max_turns} turns of at most "
-                f"{self.harness.max_tokens_per_turn} tokens",
-                error=True,
-            )
-        return ToolResult(helper.completion)
-
-
-async def _answer(episode: Episode) -> Step:
-    """A sub-agent's turn without a tool call is its answer."""
-    return Finished()
-
-
-def _helper_client(client: ChatClient, max_total_tokens: int | None) -> EpisodeClient:
-    """A client of the rollout's engines for a sub-agent's episode, with a token record of
-    its own. Its seed follows from the turns the rollout has taken, so a rerun of a seeded
-    rollout samples the same helper."""
-    if not isinstance(client, EpisodeClient):
-        raise TypeError("the sub-agent tool needs the rollout's EpisodeClient")
-    seed = None if client.seed is None else client.seed + len(client.turns)
-    return EpisodeClient(client.route, max_total_tokens, seed, client.lost)
 
 
 def jsonable(state: dict[str, Any]) -> dict[str, Any]:

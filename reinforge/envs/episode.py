@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from reinforge.envs.levels import Level
 from reinforge.policy.chat import CHAT_API_FORMAT, ToolFormat, with_tool_prompt
 from reinforge.types import Message, Task
 
@@ -25,11 +24,10 @@ class Episode:
     tool_calls: int = 0
     tool_errors: int = 0
     truncated: bool = False
-    level: Level | None = None
-    """The reasoning level the rollout was given, when the run draws levels."""
     tools: list[Tool] | None = None
-    """The tools as this rollout was shown them, when the run varies the harness (renamed,
-    redescribed, reordered); None: the harness's."""
+    """The tools as this episode was shown them, where they are not the harness's (a recipe
+    renamed, redescribed or reordered them; a sub-agent's nested episode has all but the
+    sub-agent); None: the harness's."""
     tool_format: ToolFormat = CHAT_API_FORMAT
     """How the model was asked to write tool calls. Hermes is the chat API's: the tools go
     with each request, and the server tells them to the model and parses its calls; any
@@ -42,6 +40,11 @@ class Episode:
     max_message_bytes: int | None = None
     """The most bytes of text that one message `add` appends may hold; the rollout
     generator sets it from `rollout.max_message_bytes`. None: no limit."""
+    extras: dict[type[Any], Any] = field(default_factory=dict, repr=False)
+    """Typed records that a recipe or the environment keeps on the episode for itself (the
+    reasoning level a rollout drew, a Harbor grading), each under its type, which only
+    its owner reads; never serialised: what users see goes into `state`, or into the
+    trajectory's info."""
 
     def add(self, messages: list[Message]) -> None:
         """Append messages from outside the policy (tool results, the environment's
@@ -51,19 +54,13 @@ class Episode:
         limit = self.max_message_bytes
         self.messages.extend(messages if limit is None else [_cut(m, limit) for m in messages])
 
-    def offer_tools(
-        self, tools: list[Tool], tool_format: ToolFormat
-    ) -> list[dict[str, Any]] | None:
-        """Offer `tools`, to be called in `tool_format`; the schemas that go with each chat
-        request (None where the system prompt tells them)."""
+    def offer_tools(self, tools: list[Tool], tool_format: ToolFormat) -> None:
+        """Offer `tools`, to be called in `tool_format`: the chat API's go with each
+        request (`Environment.request_tools`), any other's are told in the system prompt."""
         self.tools, self.tool_format = tools, tool_format
-        schemas = [t.schema for t in tools]
-        if not schemas:
-            return None
-        if tool_format == CHAT_API_FORMAT:
-            return schemas
-        self.messages = with_tool_prompt(self.messages, schemas, tool_format)
-        return None
+        if tools and tool_format != CHAT_API_FORMAT:
+            schemas = [t.schema for t in tools]
+            self.messages = with_tool_prompt(self.messages, schemas, tool_format)
 
     @property
     def completion(self) -> str:

@@ -12,7 +12,6 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from functools import partial
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -21,7 +20,6 @@ from typing import Any
 
 from reinforge.envs.config import EnvConfig
 from reinforge.envs.environment import Environment
-from reinforge.envs.recipes import add_recipes
 from reinforge.errors import UsageError, describe
 from reinforge.types import Task
 
@@ -47,20 +45,17 @@ def load_environment(spec: str, **kwargs: Any) -> Environment:
 
 
 def load_configured(config: EnvConfig) -> Environment:
-    """The environment a config section names, with its per-turn token limit and the
-    recipes it asks for applied: the one place a run's settings change an environment."""
+    """The environment a config section names, changed as the section asks (`apply`: its
+    per-turn token limit, and the recipes of a run's `env` section): the one place a run's
+    settings change an environment."""
     environment = load_environment(config.name, **config.args)
-    if config.max_tokens_per_turn is not None:
-        environment.harness = replace(
-            environment.harness, max_tokens_per_turn=config.max_tokens_per_turn
-        )
-    add_recipes(environment, config)
+    config.apply(environment)
     return environment
 
 
 def _factory(spec: str) -> Callable[..., Any]:
-    if Path(spec).is_dir():
-        from reinforge.envs.harbor import load_environment as load_harbor
+    if Path(spec).is_dir():  # a Harbor task set: the API's one way into harbor/, lazily
+        from reinforge.envs.harbor.environment import load_environment as load_harbor
 
         return partial(load_harbor, spec)
     if spec.endswith(".py") or Path(spec).is_file():

@@ -70,6 +70,9 @@ class Override:
         return self.name or self.fn.__name__
 
 
+Term = Reward | GroupReward | Override
+
+
 @dataclass(frozen=True)
 class Scores:
     rewards: dict[str, float]
@@ -79,9 +82,7 @@ class Scores:
 class Rubric:
     """Scores a group of episodes; `pass_threshold` decides pass@k (total >= threshold)."""
 
-    def __init__(
-        self, *terms: Reward | GroupReward | Override, pass_threshold: float = 1.0
-    ) -> None:
+    def __init__(self, *terms: Term, pass_threshold: float = 1.0) -> None:
         keys = [term.key for term in terms]
         if len(set(keys)) != len(keys):
             raise ValueError(f"reward names must be unique, got {keys}")

@@ -18,12 +18,16 @@ import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, get_type_hints
+from typing import TYPE_CHECKING, Any, get_type_hints
 
 from pydantic import BaseModel, Field, ValidationError, create_model
 
 from reinforge.envs.blocking import call
 from reinforge.envs.episode import Episode
+
+if TYPE_CHECKING:
+    from reinforge.envs.environment import Environment
+    from reinforge.policy.client import ChatClient
 
 _ARG_LINE = re.compile(r"^\s{2,}(\w+)\s*(?:\([^)]*\))?:\s*(.+)$")
 
@@ -81,6 +85,18 @@ class Tool:
             return ToolResult(json.dumps(result))
         except (TypeError, ValueError) as error:  # the model sees it, as with any tool bug
             return ToolResult(f"Error: {self.name} returned no JSON value: {error}", error=True)
+
+    async def run(
+        self,
+        arguments: str | dict[str, Any],
+        episode: Episode,
+        environment: Environment,
+        client: ChatClient,
+    ) -> ToolResult:
+        """The call as the agent loop makes it: `call`. A tool that plays an episode of its
+        own (the sub-agent) overrides it, for it needs the environment's loop and the
+        rollout's client, which no other tool sees."""
+        return await self.call(arguments, episode)
 
 
 def tool(function: Callable[..., Any] | Callable[..., Awaitable[Any]]) -> Tool:

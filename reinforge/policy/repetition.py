@@ -4,7 +4,7 @@ at its end when it ends in at least `MIN_COPIES` back-to-back copies of one unit
 
 It lives beside the engines because both use it: an engine asked to (`stop_loops`) ends a
 sample at the first token that makes its tail loop, with finish reason "loop". The loop
-metric and penalty (`reinforge/envs/loops.py`) apply the same rule, so every sample the
+metric and penalty (`reinforge/envs/recipes/loops.py`) apply the same rule, so every sample the
 engine stops counts as looping there.
 """
 

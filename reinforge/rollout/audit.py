@@ -1,6 +1,6 @@
 """Auditing a grader: known reward hacks played against every task of a Harbor environment.
 
-The oracle, the nop agent and each exploit (`envs.exploits`) play every task through the
+The oracle, the nop agent and each exploit (`envs.harbor.exploits`) play every task through the
 same rollout and grading path as a model. The oracle shows the tasks can be solved and
 the nop agent that doing nothing scores 0; an exploit that scores above 0 on any task has
 hacked the environment. So has one whose rollout ends as an error: an error leaves the
@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reinforge.envs.harbor import HarborEnvironment
-from reinforge.envs.harbor_agents import ScriptAgent
+from reinforge.envs.harbor.agents import ScriptAgent
+from reinforge.envs.harbor.environment import HarborEnvironment
 from reinforge.policy.client import PolicyClient
 from reinforge.rollout.config import RolloutConfig
 from reinforge.rollout.generator import generate_group

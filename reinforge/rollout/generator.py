@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from reinforge.envs.blocking import LoopBlocked, guarded, in_thread
 from reinforge.envs.environment import Environment, jsonable
 from reinforge.envs.episode import Episode
+from reinforge.envs.recipe import Rollout
 from reinforge.envs.rubric import GraderError, Scores
 from reinforge.errors import describe
 from reinforge.policy.client import EpisodeClient, EpisodeSource
@@ -89,14 +90,12 @@ async def _rollout(
     seed: int | None,
     on_rollout: Callable[[Trajectory], None] | None,
 ) -> _Done:
-    # Drawn before the rollout's try: a level that cannot be drawn is the run's mistake
-    # (a task without the field its budget scales by), not one rollout's error.
-    key = f"{seed}/{task.id}/{index}"
-    levels, augment = env.harness.levels, env.harness.augment
-    level = None if levels is None else levels.draw(task, key)
-    variant = None if augment is None else augment.draw(key, index, seed, list(env.harness.tools))
+    rollout = Rollout(task, index, seed)
+    # Drawn before the rollout's try: a recipe that cannot draw is the run's mistake (a
+    # task without the field its level's budget scales by), not one rollout's error.
+    drawn = [(recipe, recipe.draw(rollout)) for recipe in env.harness.recipes]
     async with limit:
-        episode_client = client.episode(env.harness.max_total_tokens, _seed(seed, task, index))
+        episode_client = client.episode(env.harness.max_total_tokens, _seed(rollout))
         started = time.perf_counter()
         trajectory = Trajectory(
             task_id=task.id, group_id=task.id, index=index, tools=env.harness.tool_schemas
@@ -107,11 +106,9 @@ async def _rollout(
             nonlocal episode  # kept, as far as it got, when the rollout fails
             episode = await in_thread(env.new_episode, task)  # `setup` is user code
             episode.max_message_bytes = config.max_message_bytes
-            if variant is not None:  # the harness's wording, not the environment's
-                trajectory.tools = variant.apply(episode, list(env.harness.tools))
-            if level is not None:  # told by the harness, not by the environment
-                episode.level = level
-                episode.messages = level.tell(episode.messages)
+            for recipe, value in drawn:  # the harness's doing, not the environment's
+                recipe.prepare(value, episode)
+            trajectory.tools = env.request_tools(episode)
             await env.rollout(episode_client, task, episode)
             return episode
 
@@ -126,13 +123,8 @@ async def _rollout(
             trajectory.status = Status.ERROR
             trajectory.error = describe(error)
         _record(trajectory, episode_client, episode, time.perf_counter() - started)
-        if level is not None:
-            trajectory.info.update(reasoning_level=level.name, budget=level.budget)
-        if variant is not None:
-            shown = variant.tools(list(env.harness.tools))
-            trajectory.info["harness"] = variant.describe(shown)
-            if variant.number is not None:
-                trajectory.info["harness_variant"] = variant.number
+        for recipe, value in reversed(drawn):  # as nested: the last to prepare records first
+            recipe.record(value, trajectory.info)
     if on_rollout is not None:
         on_rollout(trajectory)
     finished = trajectory.status in (Status.OK, Status.TRUNCATED)
@@ -190,8 +182,8 @@ async def _score(env: Environment, task: Task, done: list[_Done], config: Rollou
     return Group(task=task, trajectories=[d.trajectory for d in done])
 
 
-def _seed(seed: int | None, task: Task, index: int) -> int | None:
-    if seed is None:
+def _seed(rollout: Rollout) -> int | None:
+    if rollout.seed is None:
         return None
     # Spaced by 1000 so that per-turn seeds (seed + turn) of two rollouts never meet.
-    return (zlib.crc32(f"{seed}/{task.id}/{index}".encode()) % 2**20) * 1000
+    return (zlib.crc32(rollout.key.encode()) % 2**20) * 1000

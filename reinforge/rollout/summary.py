@@ -7,10 +7,10 @@ import statistics
 from collections import Counter
 from math import comb
 
-from reinforge.envs.augment import VariantStats, variant_metrics
-from reinforge.envs.hacks import hack_counts
-from reinforge.envs.levels import LevelStats, level_metrics
-from reinforge.envs.loops import loop_rates
+from reinforge.envs.harbor.hacks import hack_counts
+from reinforge.envs.recipes.augment import VariantStats, variant_metrics
+from reinforge.envs.recipes.levels import LevelStats, level_metrics
+from reinforge.envs.recipes.loops import loop_rates
 from reinforge.errors import TooManyErrors
 from reinforge.types import Group, Record, Status
 

@@ -12,12 +12,11 @@ from typing import Any
 
 import pytest
 
-from reinforge.envs.augment import HarnessAugmentation, Variant
-from reinforge.envs.config import EnvConfig
 from reinforge.envs.environment import Environment, Harness
-from reinforge.envs.recipes import add_recipes
+from reinforge.envs.recipes.augment import HarnessAugmentation, Variant
+from reinforge.envs.recipes.config import RecipesConfig
+from reinforge.envs.recipes.subagent import SubAgentConfig
 from reinforge.envs.registry import load_configured
-from reinforge.envs.subagent import SubAgentConfig
 from reinforge.envs.tools import Tool
 from reinforge.errors import UsageError
 from reinforge.policy.client import PolicyClient
@@ -43,14 +42,14 @@ AUGMENT = HarnessAugmentation(
 
 
 def test_a_variant_is_the_same_for_the_same_key_and_differs_across_keys():
-    tools = list(load_configured(EnvConfig(name=GUESS)).harness.tools)
+    tools = list(load_configured(RecipesConfig(name=GUESS)).harness.tools)
     variants = [AUGMENT.draw(f"0/t/{i}", i, 0, tools) for i in range(30)]
     assert variants == [AUGMENT.draw(f"0/t/{i}", i, 0, tools) for i in range(30)]
     assert len({(v.prompt, v.names["compare"], tuple(v.notes)) for v in variants}) > 3
 
 
 def test_fixed_variants_start_from_the_own_harness_and_differ():
-    tools = list(load_configured(EnvConfig(name=GUESS)).harness.tools)
+    tools = list(load_configured(RecipesConfig(name=GUESS)).harness.tools)
     fixed = HarnessAugmentation(**{**AUGMENT.model_dump(), "variants": 4})
     variants = [fixed.draw(f"0/a/{i}", i, 0, tools) for i in range(4)]
     assert variants[0] == Variant.own(fixed)  # the baseline: the environment's harness
@@ -81,7 +80,7 @@ def test_a_variant_rewrites_the_system_prompt_and_adds_its_notes():
 
 
 async def test_a_renamed_tool_is_offered_and_called_by_its_shown_name():
-    env = load_configured(EnvConfig(name=GUESS, augment=AUGMENT))
+    env = load_configured(RecipesConfig(name=GUESS, augment=AUGMENT))
     variant = Variant(AUGMENT, None, None, [], {"compare": "probe"}, {"compare": 0}, 0.5)
     episode = env.new_episode(env.tasks(1, seed=0)[0])
     episode.tools = variant.tools(list(env.harness.tools))
@@ -99,7 +98,7 @@ async def test_a_renamed_tool_is_offered_and_called_by_its_shown_name():
 
 async def test_variants_reach_the_model_and_are_recorded(tiny_engine):
     fixed = HarnessAugmentation(**{**AUGMENT.model_dump(), "variants": 2})
-    env = load_configured(EnvConfig(name=GUESS, augment=fixed, max_tokens_per_turn=4))
+    env = load_configured(RecipesConfig(name=GUESS, augment=fixed, max_tokens_per_turn=4))
     client = PolicyClient.for_engine(tiny_engine, SamplingConfig())
     tasks = env.tasks(3, seed=0)
     groups = await generate_groups(env, tasks, client, RolloutConfig(), 4, 7)
@@ -134,7 +133,7 @@ async def test_variants_reach_the_model_and_are_recorded(tiny_engine):
 def test_a_config_naming_a_tool_the_environment_lacks_is_refused():
     augment = HarnessAugmentation(tool_names={"search": ["lookup"]})
     with pytest.raises(UsageError, match=r"does not offer: search \(its tools: compare\)"):
-        load_configured(EnvConfig(name=GUESS, augment=augment))
+        load_configured(RecipesConfig(name=GUESS, augment=augment))
 
 
 def test_eval_reports_reward_per_harness_variant(tmp_path: Path):
@@ -159,7 +158,7 @@ def test_the_tool_format_and_the_subagent_are_drawn_from_the_key():
     # number against the sub-agent's rate (0.5). Python's Random("0/t/k") gives, for k=0..5:
     # hermes 0.79, hermes 0.85, hermes 0.69, xml 0.60, xml 0.54, xml 0.48: the sub-agent is
     # offered to rollout 5 alone.
-    tools = list(load_configured(EnvConfig(name=GUESS)).harness.tools)
+    tools = list(load_configured(RecipesConfig(name=GUESS)).harness.tools)
     augment = HarnessAugmentation(
         tool_formats=["hermes", "xml"], subagent=SubAgentConfig(rate=0.5), shuffle_tools=False
     )
@@ -181,7 +180,7 @@ def test_the_tool_format_and_the_subagent_are_drawn_from_the_key():
 
 
 def test_fixed_variants_differ_by_tool_format_where_there_are_tools_to_call():
-    tools = list(load_configured(EnvConfig(name=GUESS)).harness.tools)
+    tools = list(load_configured(RecipesConfig(name=GUESS)).harness.tools)
     fixed = HarnessAugmentation(tool_formats=["hermes", "xml"], shuffle_tools=False, variants=2)
     own, other = (fixed.draw("k", i, 0, tools) for i in range(2))
     assert (own.tool_format, other.tool_format) == ("hermes", "xml")  # the one other harness
@@ -232,7 +231,9 @@ async def _one_rollout(env: Environment, engine: ScriptedEngine) -> Trajectory:
 
 
 async def test_an_xml_harness_is_told_in_the_prompt_and_its_calls_run(tiny_engine, chat_format):
-    env = load_configured(EnvConfig(name=GUESS, augment=HarnessAugmentation(tool_formats=["xml"])))
+    env = load_configured(
+        RecipesConfig(name=GUESS, augment=HarnessAugmentation(tool_formats=["xml"]))
+    )
     call = "Let me check.\n<function=compare>\n<parameter=number>\n50\n</parameter>\n</function>"
     malformed = "<function=compare>50</function>"
     replies = [call, malformed, "<answer>18</answer>"]  # the secret of seed 1's task is 18
@@ -265,7 +266,7 @@ async def test_an_xml_harness_is_told_in_the_prompt_and_its_calls_run(tiny_engin
 
 async def test_the_subagent_runs_its_task_as_a_nested_episode(tiny_engine, chat_format):
     augment = HarnessAugmentation(subagent=SubAgentConfig(max_turns=2), shuffle_tools=False)
-    env = load_configured(EnvConfig(name=GUESS, augment=augment))
+    env = load_configured(RecipesConfig(name=GUESS, augment=augment))
     task = "Compare 50 with the secret number."
     outer = [hermes("subagent", {"task": task}), "<answer>18</answer>"]
     helper = [hermes("compare", {"number": 50}), "It is lower than 50."]
@@ -295,10 +296,11 @@ async def test_the_subagent_runs_its_task_as_a_nested_episode(tiny_engine, chat_
 
 async def test_a_subagent_call_samples_a_seeded_nested_episode_from_the_engine(tiny_engine):
     augment = HarnessAugmentation(tool_formats=["xml"], subagent=SubAgentConfig(max_turns=1))
-    env = load_configured(EnvConfig(name=GUESS, augment=augment, max_tokens_per_turn=8))
+    env = load_configured(RecipesConfig(name=GUESS, augment=augment, max_tokens_per_turn=8))
     episode = env.new_episode(env.tasks(1, seed=1)[0])
     variant = Variant(augment, None, None, [], {}, {}, None, "xml", True)
-    assert variant.apply(episode, list(env.harness.tools)) is None
+    variant.apply(episode, list(env.harness.tools))
+    assert env.request_tools(episode) is None  # told in the system prompt: none go with requests
     client = PolicyClient.for_engine(tiny_engine, SamplingConfig()).episode(None, 11)
     call = "<function=subagent>\n<parameter=task>\nSay hello.\n</parameter>\n</function>"
     message = {"role": "assistant", "content": call}
@@ -329,4 +331,4 @@ def test_a_subagent_beside_a_tool_of_that_name_is_refused():
     env = Environment(Harness(tools=[Tool(subagent)]))
     augment = HarnessAugmentation(subagent=SubAgentConfig())
     with pytest.raises(UsageError, match="has a tool named 'subagent' already"):
-        add_recipes(env, EnvConfig(augment=augment))
+        RecipesConfig(augment=augment).apply(env)

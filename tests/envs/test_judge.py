@@ -16,8 +16,8 @@ import pytest
 from fastapi import FastAPI
 
 from reinforge.envs.episode import Episode
-from reinforge.envs.judge import Criterion, Judge, JudgeConfig, JudgeError, parse_verdict
-from reinforge.envs.recipes import conciseness
+from reinforge.envs.recipes.conciseness import conciseness
+from reinforge.envs.recipes.judge import Criterion, Judge, JudgeConfig, JudgeError, parse_verdict
 from reinforge.envs.rubric import GraderError, Rubric, Scores
 from reinforge.types import Task
 

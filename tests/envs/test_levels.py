@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 
 from reinforge.config import Config, load_config
-from reinforge.envs.config import EnvConfig
 from reinforge.envs.episode import Episode
-from reinforge.envs.levels import Level, ReasoningLevels
+from reinforge.envs.recipe import Rollout
+from reinforge.envs.recipes.config import RecipesConfig
+from reinforge.envs.recipes.levels import Level, ReasoningLevels
 from reinforge.envs.registry import load_configured
 from reinforge.errors import ConfigError, UsageError
 from reinforge.policy.client import PolicyClient
@@ -21,27 +22,28 @@ from reinforge.types import Status, Task
 TASK = Task(
     id="t", prompt=[{"role": "user", "content": "What is 40 + 2?"}], answer=42, info={"size": 3}
 )
+ROLLOUT = Rollout(TASK, 0, 0)
 LEVELS = ReasoningLevels(budgets={"low": 4, "high": 100})
 
 
 def test_a_level_is_drawn_from_the_rollout_seed_and_the_mix():
-    keys = [f"0/t/{i}" for i in range(40)]
-    drawn = [LEVELS.draw(TASK, key).name for key in keys]
-    assert drawn == [LEVELS.draw(TASK, key).name for key in keys]  # the same seed, the same
+    rollouts = [Rollout(TASK, i, 0) for i in range(40)]
+    drawn = [LEVELS.draw(rollout).name for rollout in rollouts]
+    assert drawn == [LEVELS.draw(rollout).name for rollout in rollouts]  # the same seed, the same
     assert set(drawn) == {"low", "high"}
     only_high = ReasoningLevels(budgets={"low": 4, "high": 100}, mix={"high": 1.0})
-    assert {only_high.draw(TASK, key).name for key in keys} == {"high"}
+    assert {only_high.draw(rollout).name for rollout in rollouts} == {"high"}
 
 
 def test_the_budget_scales_with_a_task_field():
     scaled = ReasoningLevels(budgets={"low": 4}, scale_by="size")
-    assert scaled.draw(TASK, "k").budget == 12  # 4 x size 3
+    assert scaled.draw(ROLLOUT).budget == 12  # 4 x size 3
     with pytest.raises(UsageError, match="no numeric info field 'depth'"):
-        ReasoningLevels(budgets={"low": 4}, scale_by="depth").draw(TASK, "k")
+        ReasoningLevels(budgets={"low": 4}, scale_by="depth").draw(ROLLOUT)
 
 
 def test_the_level_line_joins_the_system_prompt_or_becomes_one():
-    level = LEVELS.draw(TASK, "k")
+    level = LEVELS.draw(ROLLOUT)
     line = f"Reasoning level: {level.name}. Use at most {level.budget} tokens."
     assert level.line == line
     assert level.tell(TASK.prompt) == [{"role": "system", "content": line}, *TASK.prompt]
@@ -69,7 +71,7 @@ def test_bad_levels_are_one_clear_line(override, message):
 
 
 async def test_an_over_budget_correct_answer_scores_minus_one():
-    env = load_configured(EnvConfig(name="arithmetic", levels=LEVELS))
+    env = load_configured(RecipesConfig(name="arithmetic", levels=LEVELS))
     within = _episode(Level("low", 4, ""), sampled=[[1, 2, 3, 4]])
     over = _episode(Level("low", 4, ""), sampled=[[1, 2, 3], [4, 5]])  # 5 over two turns
     no_level = _episode(None, sampled=[[1] * 50])
@@ -85,7 +87,7 @@ async def test_levels_through_the_rollout_generator(tiny_engine):
     level, and the reward is -1 exactly where the sampled tokens exceed the budget."""
     levels = ReasoningLevels(budgets={"low": 2, "high": 100}, over_budget_reward=-1.0)
     env = load_configured(
-        EnvConfig(name="arithmetic", levels=levels, max_tokens_per_turn=6, args={})
+        RecipesConfig(name="arithmetic", levels=levels, max_tokens_per_turn=6, args={})
     )
     client = PolicyClient.for_engine(tiny_engine, SamplingConfig())
     groups = await generate_groups(env, env.tasks(3, seed=1), client, RolloutConfig(), 4, 7)
@@ -114,4 +116,7 @@ async def test_levels_through_the_rollout_generator(tiny_engine):
 
 def _episode(level: Level | None, sampled: list[list[int]]) -> Episode:
     messages = [*TASK.prompt, {"role": "assistant", "content": "42"}]
-    return Episode(TASK, messages, turns=1, level=level, sampled_token_ids=sampled)
+    episode = Episode(TASK, messages, turns=1, sampled_token_ids=sampled)
+    if level is not None:
+        episode.extras[Level] = level
+    return episode

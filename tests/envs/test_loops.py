@@ -3,9 +3,9 @@ the summary every eval and training step reports, and its penalty term."""
 
 from __future__ import annotations
 
-from reinforge.envs.config import EnvConfig
 from reinforge.envs.episode import Episode
-from reinforge.envs.loops import loops, repeated_ngram_share
+from reinforge.envs.recipes.config import RecipesConfig
+from reinforge.envs.recipes.loops import loops, repeated_ngram_share
 from reinforge.envs.registry import load_configured
 from reinforge.policy.client import PolicyClient
 from reinforge.policy.config import SamplingConfig
@@ -85,7 +85,7 @@ def test_loop_rates_in_the_summary():
 
 async def test_the_loop_penalty_is_a_term_on_top_of_the_environments_rubric():
     env = load_configured(
-        EnvConfig(name="arithmetic", args={"format_weight": 0.0}, loop_penalty=0.5)
+        RecipesConfig(name="arithmetic", args={"format_weight": 0.0}, loop_penalty=0.5)
     )
     looped = _episode("42", [[1, 2] * 20])
     clean = _episode("42", [list(range(40))])
@@ -93,7 +93,7 @@ async def test_the_loop_penalty_is_a_term_on_top_of_the_environments_rubric():
     # correct 1 x 1 + format 0 x 1 + looping 1 x -0.5 = 0.5; the clean one 1
     assert [s.rewards["looping"] for s in scores] == [1.0, 0.0]  # type: ignore[union-attr]
     assert [s.total for s in scores] == [0.5, 1.0]  # type: ignore[union-attr]
-    plain = load_configured(EnvConfig(name="arithmetic"))
+    plain = load_configured(RecipesConfig(name="arithmetic"))
     assert [t.key for t in plain.rubric.terms] == ["correct", "format"]  # no penalty: no term
 
 
@@ -102,7 +102,7 @@ async def test_greedy_tiny_random_loops_and_sampled_does_not(tiny_engine):
     newline until the limit cuts it (a doom loop); sampling at temperature 1 from its
     near-uniform distribution over 49k tokens repeats nothing."""
     env = load_configured(
-        EnvConfig(name="arithmetic", loop_penalty=0.5, max_tokens_per_turn=48, args={})
+        RecipesConfig(name="arithmetic", loop_penalty=0.5, max_tokens_per_turn=48, args={})
     )
     rates = {}
     for temperature in (0.0, 1.0):
@@ -124,7 +124,7 @@ async def test_a_loop_the_engine_stops_ends_truncated_and_counts(tiny_engine):
     a prefix of the turn sampled without it; the episode is truncated, loops by the rule
     (so the penalty applies) and says it was stopped."""
     env = load_configured(
-        EnvConfig(name="arithmetic", loop_penalty=0.5, max_tokens_per_turn=64, args={})
+        RecipesConfig(name="arithmetic", loop_penalty=0.5, max_tokens_per_turn=64, args={})
     )
     runs = {}
     for stop_loops in (False, True):

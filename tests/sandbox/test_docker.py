@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reinforge.envs.harbor_verify import OUTLIVED, QUIESCE
+from reinforge.envs.harbor.verify import OUTLIVED, QUIESCE
 from reinforge.sandbox import Image, Rootfs, SandboxError, SandboxSpec
 from reinforge.sandbox.docker import (
     DockerProvider,

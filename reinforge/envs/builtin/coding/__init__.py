@@ -19,7 +19,7 @@ from typing import Any
 
 from reinforge.envs.builtin.coding.generated import KINDS, generate, named
 from reinforge.envs.environment import Environment
-from reinforge.envs.harbor import load_environment as load_harbor
+from reinforge.envs.harbor.environment import load_environment as load_harbor
 from reinforge.errors import UsageError
 
 TASKS = Path(__file__).parent / "tasks"

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from reinforge.envs.episode import Episode
-from reinforge.envs.harbor_task import HarborTask
-from reinforge.envs.harbor_verify import tests_tar
-from reinforge.envs.sandbox import SANDBOX, SandboxTools
+from reinforge.envs.harbor.sandbox import SANDBOX, SandboxTools
+from reinforge.envs.harbor.task import HarborTask
+from reinforge.envs.harbor.verify import tests_tar
 from reinforge.errors import UsageError
 from reinforge.sandbox.pool import PooledSandbox
 from reinforge.sandbox.protocol import ExecResult

@@ -3,9 +3,9 @@ names, descriptions and order, notes in the prompt, the tool-call format, a sub-
 tool), so a policy learns the task rather than one harness's wording; and an eval over
 fixed variants measures how much a policy's reward depends on that wording.
 
-A variant is drawn from a key, so the same seed gives the same variants; it is recorded
-on the trajectory (`info["harness"]`, and `info["harness_variant"]` when the run uses a
-fixed number of them).
+`HarnessVariants` is the recipe: a variant is drawn from the rollout's key, so the same
+seed gives the same variants; it is recorded on the trajectory (`info["harness"]`, and
+`info["harness_variant"]` when the run uses a fixed number of them).
 """
 
 from __future__ import annotations
@@ -19,12 +19,14 @@ from typing import TYPE_CHECKING, Any, Self
 
 from pydantic import Field, model_validator
 
-from reinforge.envs.subagent import SUBAGENT_CALLS, SubAgent, SubAgentConfig
+from reinforge.envs.recipe import Rollout
+from reinforge.envs.recipes.subagent import SUBAGENT_CALLS, SubAgent, SubAgentConfig
 from reinforge.policy.chat import CHAT_API_FORMAT, ToolFormat
 from reinforge.types import Message, Record, Section, Status, Trajectory
 
 if TYPE_CHECKING:
     from reinforge.envs.episode import Episode
+    from reinforge.envs.rubric import Term
     from reinforge.envs.tools import Tool
 
 
@@ -155,13 +157,12 @@ class Variant:
         shown = tuple((t.name, t.description) for t in self.tools(tools))
         return (self.prompt, tuple(self.notes), shown, self.tool_format if shown else None)
 
-    def apply(self, episode: Episode, tools: list[Tool]) -> list[dict[str, Any]] | None:
-        """Give `episode` this variant of a harness offering `tools`; the tool schemas that
-        go with each chat request, which the trajectory records (`Episode.offer_tools`)."""
+    def apply(self, episode: Episode, tools: list[Tool]) -> None:
+        """Give `episode` this variant of a harness offering `tools`."""
         episode.messages = self.messages(episode.messages)
         if self.subagent:
             episode.state[SUBAGENT_CALLS] = 0
-        return episode.offer_tools(self.tools(tools), self.tool_format)
+        episode.offer_tools(self.tools(tools), self.tool_format)
 
     def messages(self, messages: list[Message]) -> list[Message]:
         """`messages` with this variant's system prompt and notes."""
@@ -205,6 +206,29 @@ class Variant:
             "tool_format": self.tool_format,
             "subagent": self.subagent,
         }
+
+
+@dataclass(frozen=True)
+class HarnessVariants:
+    """Harness augmentation as a recipe, for a harness offering `tools`: each rollout meets
+    the variant drawn for it."""
+
+    augmentation: HarnessAugmentation
+    tools: list[Tool]
+
+    def draw(self, rollout: Rollout) -> Variant:
+        return self.augmentation.draw(rollout.key, rollout.index, rollout.seed, self.tools)
+
+    def prepare(self, drawn: Variant, episode: Episode) -> None:
+        drawn.apply(episode, self.tools)
+
+    def record(self, drawn: Variant, info: dict[str, Any]) -> None:
+        info["harness"] = drawn.describe(drawn.tools(self.tools))
+        if drawn.number is not None:
+            info["harness_variant"] = drawn.number
+
+    def terms(self) -> list[Term]:
+        return []
 
 
 class VariantStats(Record):

@@ -1,12 +1,13 @@
 """Reasoning levels: each rollout is told a level and its token budget, and going over the
 budget costs the whole reward.
 
-The rollout generator draws one level per rollout from the rollout's seed (a rerun draws
-the same), tells the model its level and budget in a system line, and records both on the
-trajectory (`info["reasoning_level"]`, `info["budget"]`). The rubric's `over_budget` term
-then sets the total to `over_budget_reward` (-1) when the episode sampled more tokens than
-its budget, whatever the answer. The budget is a promise the model is held to, not a limit:
-nothing stops generation at it, unlike truncation at the harness's hard token limits.
+`ReasoningLevels` is a recipe: the rollout generator has it draw one level per rollout
+from the rollout's seed (a rerun draws the same), tell the model its level and budget in a
+system line, and record both on the trajectory (`info["reasoning_level"]`,
+`info["budget"]`). Its rubric term `over_budget` then sets the total to
+`over_budget_reward` (-1) when the episode sampled more tokens than its budget, whatever
+the answer. The budget is a promise the model is held to, not a limit: nothing stops
+generation at it, unlike truncation at the harness's hard token limits.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import random
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from pydantic import Field, model_validator
 
+from reinforge.envs.recipe import Rollout
+from reinforge.envs.rubric import Override
 from reinforge.errors import UsageError
 from reinforge.types import Message, Record, Section, Status, Task, Trajectory
 
@@ -83,13 +86,25 @@ class ReasoningLevels(Section):
             raise ValueError(f"prompt may use only {{level}} and {{budget}}: {error}") from error
         return self
 
-    def draw(self, task: Task, key: str) -> Level:
-        """The level of one rollout; `key` (the rollout's seed, task and index) decides it."""
+    def draw(self, rollout: Rollout) -> Level:
+        """The level of one rollout; its key (the run's seed, the task and the rollout's
+        index) decides it."""
         names = list(self.mix or self.budgets)
         weights = [self.mix.get(name, 1.0) for name in names]
-        name = random.Random(key).choices(names, weights)[0]
-        budget = self._budget(task, name)
+        name = random.Random(rollout.key).choices(names, weights)[0]
+        budget = self._budget(rollout.task, name)
         return Level(name, budget, self.prompt.format(level=name, budget=budget))
+
+    def prepare(self, drawn: Level, episode: Episode) -> None:
+        """Tell the model its level in a system line, and keep it for `over_budget`."""
+        episode.extras[Level] = drawn
+        episode.messages = drawn.tell(episode.messages)
+
+    def record(self, drawn: Level, info: dict[str, Any]) -> None:
+        info.update(reasoning_level=drawn.name, budget=drawn.budget)
+
+    def terms(self) -> list[Override]:
+        return [Override(over_budget, self.over_budget_reward)]
 
     def _budget(self, task: Task, name: str) -> int:
         budget = self.budgets[name]
@@ -107,9 +122,10 @@ class ReasoningLevels(Section):
 def over_budget(episode: Episode) -> bool:
     """Whether the episode sampled more tokens than its level's budget: an `Override` of
     the rubric's total. An episode without a level is never over."""
-    if episode.level is None:
+    level: Level | None = episode.extras.get(Level)
+    if level is None:
         return False
-    return sum(len(turn) for turn in episode.sampled_token_ids) > episode.level.budget
+    return sum(len(turn) for turn in episode.sampled_token_ids) > level.budget
 
 
 class LevelStats(Record):

@@ -1,13 +1,13 @@
 """Harbor task directories as an environment: one task dir, or a folder of them.
 
-Each episode gets a sandbox set up from the task's `environment/` (see `harbor_task`): a
+Each episode gets a sandbox set up from the task's `environment/` (see `task.py`): a
 local one where the Dockerfile can be replayed, else a container of the task's image on
 Docker. The instruction is its prompt, and it gets an agent: the model with the sandbox
 tools (`bash`, `read_file`, `write_file`, `edit`), or a scripted agent for task authors
-(`harbor_agents`): `oracle` runs `solution/solve.sh`, `nop` does nothing, and a
+(`agents.py`): `oracle` runs `solution/solve.sh`, `nop` does nothing, and a
 `ScriptAgent` runs its own shell script (the exploits of `reinforge audit`). All are
 graded the same way, by the task's `tests/test.sh` in a fresh sandbox after the agent
-phase (see `harbor_verify`).
+phase (see `verify.py`), which the episode keeps as its `Grading`.
 """
 
 from __future__ import annotations
@@ -22,16 +22,18 @@ from typing import Any, Literal, get_args
 
 from reinforge.envs.environment import Environment, Harness
 from reinforge.envs.episode import Episode
-from reinforge.envs.hacks import hack_flags
-from reinforge.envs.harbor_agents import (
+from reinforge.envs.harbor.agents import (
     OUTPUT_CHARS,
     SOLUTION_DIR,
     ScriptAgent,
     play_oracle,
     play_script,
 )
-from reinforge.envs.harbor_task import HarborTask, find_tasks, load_task
-from reinforge.envs.harbor_verify import (
+from reinforge.envs.harbor.grading import Grading
+from reinforge.envs.harbor.hacks import hack_flags
+from reinforge.envs.harbor.sandbox import SANDBOX, TOOL_NAMES, SandboxTools
+from reinforge.envs.harbor.task import HarborTask, find_tasks, load_task
+from reinforge.envs.harbor.verify import (
     LOGS_DIR,
     LOGS_DISK_BYTES,
     TESTS_DIR,
@@ -43,7 +45,6 @@ from reinforge.envs.harbor_verify import (
     verifier_env,
 )
 from reinforge.envs.rubric import Reward, Rubric
-from reinforge.envs.sandbox import SANDBOX, TOOL_NAMES, SandboxTools
 from reinforge.errors import UsageError
 from reinforge.policy.client import ChatClient
 from reinforge.sandbox.docker import DockerProvider, unreachable
@@ -173,6 +174,7 @@ class HarborEnvironment(Environment):
             system = {"role": "system", "content": SYSTEM_PROMPT.format(workdir=workdir)}
             episode.messages.insert(0, system)
         episode.state.update(harbor_task=task.info["harbor_task"], agent=self.agent_name)
+        episode.extras[Grading] = Grading()
         return episode
 
     def spec(self, task: HarborTask, *, verifier: bool = False) -> SandboxSpec:
@@ -213,6 +215,7 @@ class HarborEnvironment(Environment):
         """The agent phase, within `[agent] timeout_sec`; running out ends it (the episode
         is truncated) and grading goes on."""
         task = self.harbor_task(episode.task)
+        grading: Grading = episode.extras[Grading]
         timeout = task.config.agent.timeout_sec
         try:
             async with asyncio.timeout(timeout):
@@ -225,30 +228,39 @@ class HarborEnvironment(Environment):
                     await play_script(self.agent, task, episode)
         except TimeoutError:
             episode.truncated = True
-            episode.state["agent_timed_out"] = True
-        episode.state["agent_done"] = True
+            grading.agent_timed_out = True
+        grading.agent_done = True
 
     async def stop(self, episode: Episode) -> None:
         """Kill the agent's processes, copy its workspace out, destroy its sandbox, then
-        grade the workspace in a fresh one (only when the agent phase completed). The hack
-        flags of what the agent's tool calls tried are labels, never a reward term."""
+        grade the workspace in a fresh one (only when the agent phase completed). The
+        grading joins the episode's state however far it got, a cancelled one too."""
         sandbox: PooledSandbox | None = episode.resources.pop(SANDBOX, None)
         if sandbox is None:
             return
         task = self.harbor_task(episode.task)
-        episode.state["hack_flags"] = hack_flags(episode.messages, task.workdir)
+        grading: Grading = episode.extras[Grading]
+        grading.hack_flags = hack_flags(episode.messages, task.workdir)
         try:
-            if episode.state.get("agent_done"):
+            await self._grade(task, episode, sandbox, grading)
+        finally:
+            episode.state.update(grading.info())
+
+    async def _grade(
+        self, task: HarborTask, episode: Episode, sandbox: PooledSandbox, grading: Grading
+    ) -> None:
+        try:
+            if grading.agent_done:
                 raw = await quiesce_and_snapshot(sandbox, task.workdir)
                 episode.resources[WORKSPACE] = filter_workspace(raw, task.workdir)
         except AgentFault as fault:
-            _fail(episode, fault)
+            _fail(grading, fault)
         finally:
             await asyncio.shield(sandbox.close())
         if WORKSPACE in episode.resources:
-            await self._verify(task, episode)
+            await self._verify(task, episode, grading)
 
-    async def _verify(self, task: HarborTask, episode: Episode) -> None:
+    async def _verify(self, task: HarborTask, episode: Episode, grading: Grading) -> None:
         spec = self.spec(task, verifier=True)
         env = verifier_env(task.config.verifier.env, task.env, task.tests_dir, task.workdir)
         try:
@@ -262,25 +274,24 @@ class HarborEnvironment(Environment):
                 task.config.verifier.timeout_sec,
             )
         except AgentFault as fault:
-            _fail(episode, fault)
+            _fail(grading, fault)
             return
         except VerifierError as error:
-            episode.state["verifier_error"] = str(error)
+            grading.verifier_error = str(error)
             return
-        episode.state.update(
-            reward=result.reward,
-            verifier_rewards=result.rewards,
-            verifier_exit_code=result.exit_code,
-            verifier_output=result.output[-OUTPUT_CHARS:],
-        )
+        grading.reward = result.reward
+        grading.verifier_rewards = result.rewards
+        grading.verifier_exit_code = result.exit_code
+        grading.verifier_output = result.output[-OUTPUT_CHARS:]
 
     def verifier_reward(self, episode: Episode) -> float:
         """The verifier's reward; a verifier that failed makes the rollout an error."""
-        if "verifier_error" in episode.state:
-            raise VerifierError(episode.state["verifier_error"])
-        if "reward" not in episode.state:
+        grading: Grading | None = episode.extras.get(Grading)
+        if grading is not None and grading.verifier_error is not None:
+            raise VerifierError(grading.verifier_error)
+        if grading is None or grading.reward is None:
             raise VerifierError("the episode was not graded")
-        return float(episode.state["reward"])
+        return float(grading.reward)
 
     # ---------------------------------------------------------------- sandboxes
 
@@ -387,9 +398,9 @@ def load_environment(
     return HarborEnvironment(tasks, name=name or path.resolve().name, **kwargs)
 
 
-def _fail(episode: Episode, fault: AgentFault) -> None:
+def _fail(grading: Grading, fault: AgentFault) -> None:
     """The agent's own doing stopped its grading: a 0, with the reason in its info."""
-    episode.state.update(reward=0.0, verifier_fault=str(fault))
+    grading.reward, grading.verifier_fault = 0.0, str(fault)
 
 
 def in_test_split(task_name: str, test_fraction: float) -> bool:

@@ -3,7 +3,7 @@
 A task is a directory: `instruction.md` (what the agent is told), `task.toml` (timeouts and
 resources), `environment/` (a Dockerfile and its build context), `solution/solve.sh` (the
 reference, run by the oracle agent) and `tests/test.sh` (the verifier, which writes
-`/logs/verifier/reward.txt` or `reward.json`). The `harbor` package itself needs Python
+`/logs/verifier/reward.txt` or `reward.json`). Harbor's own Python package needs Python
 >= 3.12, so this module follows its documented `task.toml` schema with a small pydantic
 model that keeps only what a sandbox needs and ignores every other key.
 
