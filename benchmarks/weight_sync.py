@@ -5,12 +5,16 @@ beside it, one and several.
 - in-process, bf16 engine: the trainer's fp32 weights copied into the engine's own copy;
 - `reinforge serve` x N: the trainer writes one safetensors file (under /dev/shm where
   there is one) and every engine loads it at once through `POST /v1/weights` (what
-  `rollout.engines = N` does after every step; one engine is what `loop.engine_url` does).
+  `rollout.engines = N` does after every step; one engine is what `loop.engine_url` does);
+- with `--ray N`, N engines as actors of a local Ray cluster, three ways: the same file
+  push, and `cluster.weight_sync = "object_store"` (buckets put in Ray's object store,
+  each actor writing them to its own node's memory for its engine) to fp32 engines and to
+  bf16 ones (half the bytes).
 
 Rounds are interleaved, so that noise from other work hits every kind alike.
 
     python benchmarks/weight_sync.py [--model smollm2-135m] [--rounds 5] [--engines 1 2]
-        [--json out.json]
+        [--ray 2] [--json out.json]
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from transformers import PreTrainedModel
 
 from reinforge.config import Config, load_config
 from reinforge.orchestrate.engines import RemoteEngine
+from reinforge.orchestrate.ray_cluster import RayCluster
 from reinforge.orchestrate.weight_sync import CopiedWeights, WeightSync
 from reinforge.policy.config import EngineConfig
 from reinforge.policy.engine import Engine
@@ -59,29 +64,48 @@ class Kind:
         }
 
 
+RAY_KINDS = {
+    "file": ["cluster.weight_sync=file"],
+    "object_store_fp32": ["cluster.weight_sync=object_store"],
+    "object_store_bf16": ["cluster.weight_sync=object_store", "engine.dtype=bfloat16"],
+}
+
+
+def run_config(model_name: str, count: int, runs: Path, name: str, *more: str) -> Config:
+    overrides = [f"model.name={model_name}", f"rollout.engines={count}", f"run.dir={runs}",
+                 f"run.name={name}", *more]  # fmt: skip
+    return load_config(Config, None, overrides)
+
+
 async def measure(
-    model_name: str, trainer_model: PreTrainedModel, rounds: int, counts: list[int], runs: Path
+    model_name: str,
+    trainer_model: PreTrainedModel,
+    rounds: int,
+    counts: list[int],
+    runs: Path,
+    ray_count: int | None,
 ) -> dict[str, Kind]:
     sampler, tokenizer = load_model(model_name, "bfloat16")
     trainer = Trainer(trainer_model, TrainerConfig(), OptimConfig(), total_steps=1)
     copy = Engine(sampler, tokenizer, model_name, EngineConfig(dtype="bfloat16"))
     kinds = {"in_process_bf16_copy": Kind(engines=1)}
     remotes: dict[str, RemoteEngine] = {}
+    cluster = None
     try:
         for count in counts:
-            config: Config = load_config(
-                Config,
-                None,
-                [
-                    f"model.name={model_name}",
-                    f"rollout.engines={count}",
-                    f"run.dir={runs}",
-                    f"run.name=engines-{count}",
-                ],  # fmt: skip
-            )
+            config = run_config(model_name, count, runs, f"engines-{count}")
             name = f"serve_x{count}_file_handoff"
             remotes[name] = await RemoteEngine.start(config, trainer, 0)
             kinds[name] = Kind(engines=count)
+        if ray_count is not None:
+            # three sets of engines on one machine's CPUs: each asks for a share of one
+            ray = ["cluster.backend=ray", "cluster.engine.cpus=0.25"]
+            cluster = RayCluster(run_config(model_name, ray_count, runs, "ray", *ray))
+            for kind, more in RAY_KINDS.items():
+                name = f"ray_x{ray_count}_{kind}"
+                config = run_config(model_name, ray_count, runs, name, *ray, *more)
+                remotes[name] = await RemoteEngine.start(config, trainer, 0, cluster.engines)
+                kinds[name] = Kind(engines=ray_count)
         syncs: dict[str, WeightSync] = {"in_process_bf16_copy": CopiedWeights(copy)}
         syncs.update({name: remote.sync for name, remote in remotes.items()})
         for version in range(1, rounds + 1):
@@ -95,6 +119,8 @@ async def measure(
         copy.close()
         for remote in remotes.values():
             await remote.aclose()
+        if cluster is not None:
+            cluster.close()
     return kinds
 
 
@@ -103,20 +129,21 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--engines", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--ray", type=int, help="also N engines on a local Ray cluster")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
     trainer_model, _ = load_model(args.model, "float32")
     with tempfile.TemporaryDirectory() as runs:  # the engines' logs
         kinds = asyncio.run(
-            measure(args.model, trainer_model, args.rounds, args.engines, Path(runs))
+            measure(args.model, trainer_model, args.rounds, args.engines, Path(runs), args.ray)
         )
     summary = {name: kind.summary() for name, kind in kinds.items()}
     parameters = sum(p.numel() for p in trainer_model.parameters())
     for name, row in summary.items():
         write_s = statistics.median(row["write_s"])
         print(
-            f"{name:26s} median {row['median_s']:.3f} s, writing {write_s:.3f} s; "
+            f"{name:32s} median {row['median_s']:.3f} s, writing {write_s:.3f} s; "
             f"{row['bytes'] / 2**20:.0f} MiB loaded, {row['effective_gib_per_s']:.2f} GiB/s"
         )
     print(f"{parameters / 1e6:.0f}M parameters, fp32 file {parameters * 4 / 2**20:.0f} MiB")

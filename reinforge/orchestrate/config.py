@@ -102,3 +102,9 @@ class ClusterConfig(Section):
     """Each engine's resources."""
     rank: Resources = Field(default_factory=Resources)
     """Each trainer rank's resources."""
+    weight_sync: Literal["file", "object_store"] = "file"
+    """How new weights reach the run's engines. file: one safetensors file of the run's
+    machine that every engine loads by its path. object_store (Ray): cast to
+    `engine.dtype`, packed in buckets and put once in Ray's object store, from which each
+    engine's actor takes them on its own node and hands them to its engine over localhost;
+    no path crosses nodes, and a restarted engine catches up from the last push kept there."""

@@ -31,6 +31,7 @@ import httpx
 
 from reinforge.config import Config, ServeConfig
 from reinforge.errors import UsageError
+from reinforge.orchestrate.weight_sync import EngineLinks, FilePush
 from reinforge.policy.config import ServerConfig
 
 START_S = 600.0
@@ -52,6 +53,10 @@ class EngineLauncher(Protocol):
 
     async def returncode(self, index: int) -> int | None:
         """Engine `index`'s exit code; None while it runs."""
+        ...
+
+    def weight_sync(self) -> EngineLinks:
+        """The transport that takes the trainer's weights to these engines."""
         ...
 
     async def restart(self, index: int) -> None:
@@ -96,6 +101,10 @@ class EngineProcesses:
     async def returncode(self, index: int) -> int | None:
         """Engine `index`'s exit code; None while it runs."""
         return self.processes[index].poll()
+
+    def weight_sync(self) -> EngineLinks:
+        """Processes of this machine load a file of it."""
+        return FilePush(self.urls, self.token, supervised=True)
 
     def log(self, index: int) -> Path:
         return self.logs / f"engine-{index}.log"

@@ -20,6 +20,7 @@ from reinforge.config import Config
 from reinforge.orchestrate.engine_processes import EngineLauncher, EngineProcesses
 from reinforge.orchestrate.weight_sync import (
     CopiedWeights,
+    EngineLinks,
     FilePush,
     SharedWeights,
     Synced,
@@ -100,8 +101,9 @@ class LocalEngine:
 
 
 class RemoteEngine:
-    """`reinforge serve` processes on this machine, started with a weights token; the
-    weights reach them as a file (`FilePush`).
+    """`reinforge serve` processes, started with a weights token; the weights reach them
+    by the transport their launcher gives (`EngineLinks`), a file of this machine for an
+    engine the user started.
 
     The run's own engines are supervised (`orchestrate/supervisor.py`), which takes one
     that dies out of the router and the pushes and brings it back."""
@@ -109,7 +111,7 @@ class RemoteEngine:
     def __init__(
         self,
         router: Router,
-        sync: FilePush,
+        sync: EngineLinks,
         pause_lease_s: float | None,
         processes: EngineLauncher | None = None,
     ) -> None:
@@ -139,7 +141,8 @@ class RemoteEngine:
         clients = [await PolicyClient.for_url(url, sampling, max_retries=retries) for url in urls]
         lease = config.loop.pause_lease_s if config.loop.mode == "partial" else None
         router = Router(clients, supervised=processes is not None)
-        engine = cls(router, FilePush(urls, token, processes is not None), lease, processes)
+        links = FilePush(urls, token, False) if processes is None else processes.weight_sync()
+        engine = cls(router, links, lease, processes)
         try:
             engine.sync.push(trainer, version)
         except BaseException:  # a refused first push must not leave its folder behind

@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import torch
+from safetensors.torch import load_file, save_file
 
 from reinforge.config import Config
 from reinforge.errors import UsageError
@@ -45,8 +47,19 @@ from reinforge.orchestrate.engine_processes import (
     silent,
     spawn,
 )
+from reinforge.orchestrate.weight_sync import (
+    EngineGone,
+    EngineLinks,
+    FilePush,
+    check_versions,
+    post_to_engine,
+    weights_folder,
+)
+from reinforge.policy.weight_buckets import Bucket, pack, total_bytes, unpack
 from reinforge.train.config import TrainerConfig
 from reinforge.train.ranks import RankFailed, failure_line, join_group
+from reinforge.train.trainable import full_weights
+from reinforge.train.trainer import PolicyTrainer, Trainer
 
 try:
     import ray
@@ -280,6 +293,23 @@ class EngineActor:
     def returncode(self) -> int | None:
         return None if self.process is None else self.process.poll()
 
+    def take_weights(self, token: str, version: int, *buckets: Bucket) -> int:
+        """Weights that Ray brought to this node (once for all its engines) to this node's
+        engine: a file in the node's own memory, loaded over localhost, the only address
+        `/v1/weights` takes weights from. The version the engine then serves."""
+        folder = weights_folder()
+        local = f"http://127.0.0.1:{self.port}/v1"
+        headers = {"Authorization": f"Bearer {token}"}
+        try:
+            path = folder / "weights.safetensors"
+            save_file(unpack(buckets), path)
+            body = {"path": str(path), "version": version}
+            with httpx.Client(base_url=local, headers=headers, timeout=600.0) as http:
+                answer = post_to_engine(http, "/weights", body, "take the weights")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return answer["policy_version"]
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
@@ -311,6 +341,8 @@ class RayEngines:
         )
         self._actors: list[Any] = []
         self._ports: list[int | None] = [None] * config.rollout.engines
+        self._transport = config.cluster.weight_sync
+        self._dtype = getattr(torch, config.engine.dtype)
 
     @classmethod
     async def start(cls, cluster: RayCluster, config: Config) -> RayEngines:
@@ -366,6 +398,27 @@ class RayEngines:
     def log(self, index: int) -> Path:
         return self.logs / f"engine-{index}.log"
 
+    def weight_sync(self) -> EngineLinks:
+        if self._transport == "object_store":
+            return ObjectStorePush(self, self._dtype)
+        return FilePush(self.urls, self.token, supervised=True)
+
+    def give(self, indices: list[int], version: int, buckets: list[Any]) -> list[int | None]:
+        """Engines `indices` take `buckets` (object refs) as `version`, at once: each the
+        version it serves, or None for one that died (or whose actor did)."""
+        refs = [self._actors[i].take_weights.remote(self.token, version, *buckets) for i in indices]
+        served: list[int | None] = []
+        for ref in refs:  # each within its deadline: a hung node must not hang the push
+            try:
+                served.append(ray.get(ref, timeout=START_S + ANSWER_S))
+            except RayTaskError as error:
+                if not isinstance(error.cause, EngineGone):
+                    raise (error.cause if isinstance(error.cause, UsageError) else error) from None
+                served.append(None)
+            except (RayActorError, GetTimeoutError):
+                served.append(None)
+        return served
+
     def stop(self) -> None:
         """Each engine stopped by its actor, then the actors and their placement."""
         refs = [actor.stop.remote() for actor in self._actors]
@@ -374,6 +427,50 @@ class RayEngines:
             ray.kill(actor)
         self._actors = []
         _release(self)
+
+
+class ObjectStorePush(EngineLinks):
+    """The trainer's weights, cast to `engine.dtype` and packed in buckets
+    (`policy/weight_buckets.py`), put once in Ray's object store; each engine's actor takes
+    them on its own node and hands them to its engine over localhost, so no file path
+    crosses nodes. The last push stays in the store, for a restarted engine."""
+
+    def __init__(self, engines: RayEngines, dtype: torch.dtype) -> None:
+        super().__init__(engines.urls, engines.token, supervised=True)
+        self._engines = engines
+        self._dtype = dtype
+        self._last: list[Any] = []
+        """The last push's buckets in the object store (their refs keep them there)."""
+
+    def _deliver(self, trainer: PolicyTrainer, version: int) -> tuple[int, int, float]:
+        started = time.perf_counter()
+        buckets = _packed(trainer, self._dtype)
+        self._last = [ray.put(bucket) for bucket in buckets]
+        pack_s = time.perf_counter() - started
+        up = self.up()
+        served = self._engines.give(up, version, self._last)
+        for index, answer in zip(up, served, strict=True):
+            if answer is None:
+                self._joined[index] = False  # died: its supervisor brings it back
+        check_versions([v for v in served if v is not None], version)
+        took = sum(v is not None for v in served)
+        return total_bytes(buckets) * took, took, pack_s
+
+    def _give_last(self, index: int) -> None:
+        if self._engines.give([index], self.version, self._last) == [None]:
+            raise EngineGone(f"engine {index} did not take the weights")
+
+
+def _packed(trainer: PolicyTrainer, dtype: torch.dtype) -> list[Bucket]:
+    """The trainer's complete weights (LoRA merged) in buckets. A sharded trainer's come
+    through the file its rank 0 writes on the run's node."""
+    if isinstance(trainer, Trainer):
+        with full_weights(trainer.model) as weights:
+            return pack(weights, dtype)
+    with tempfile.TemporaryDirectory(prefix="reinforge-weights-") as folder:
+        path = Path(folder) / "weights.safetensors"
+        trainer.write_weights(path)
+        return pack(load_file(path), dtype)
 
 
 def _ask(method: Any, who: str) -> Any:

@@ -11,6 +11,8 @@ the other back. Three transports, by where the engine holds its weights:
 |                 | (bf16, vLLM)                             | place                       |
 | `FilePush`      | `reinforge serve` processes              | one safetensors file each   |
 |                 |                                          | engine loads, at once       |
+| `ObjectStore-   | `reinforge serve` in Ray actors          | buckets in Ray's object     |
+| Push` (Ray)     | (`orchestrate/ray_cluster.py`)           | store, one copy per node    |
 
 Shared tensors need one thing more: no decode step may read them while the optimizer
 writes them. The trainer takes the engine as its `weights_lock` for that, which it holds
@@ -24,6 +26,7 @@ import shutil
 import tempfile
 import threading
 import time
+from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,16 +103,15 @@ class CopiedWeights:
         return Synced(self.engine.stats.sync_s - started_s, engines=1, bytes=moved)
 
 
-class FilePush:
-    """`reinforge serve` processes on this machine, reached at `urls` with a weights
-    token: weights travel as one safetensors file (under /dev/shm, in memory, where there
-    is one) that every engine loads at once through `POST /v1/weights`; each applies them
-    between two decode steps, and its requests in flight go on.
+class EngineLinks(ABC):
+    """The run's HTTP links to `reinforge serve` engines, reached at `urls` with a weights
+    token: what pauses and resumes them, and which of them take pushes. A transport to
+    such engines (`FilePush`, Ray's `ObjectStorePush`) is one of these that delivers.
 
     Of the run's own engines (`supervised`), one that dies `leave`s, and pushes skip it,
-    or lose it should it die during one; restarted, it `rejoin`s with the last push's
-    file, kept for that, and its version. An engine the user started that cannot be
-    reached is the run's error."""
+    or lose it should it die during one; restarted, it `rejoin`s with the last push, kept
+    for that, and its version. An engine the user started that cannot be reached is the
+    run's error."""
 
     def __init__(self, urls: list[str], token: str | None, supervised: bool) -> None:
         self.urls = urls
@@ -121,10 +123,6 @@ class FilePush:
             httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=600.0) for url in urls
         ]
         self._pool = ThreadPoolExecutor(len(urls), thread_name_prefix="reinforge-sync")
-        memory = Path("/dev/shm")
-        where = memory if memory.is_dir() else None
-        self._dir = Path(tempfile.mkdtemp(prefix="reinforge-weights-", dir=where))
-        self._weights = self._dir / "weights.safetensors"
         self._joined = [True] * len(urls)
         """Engines that hold the last push and take the next: those up, to the pushes."""
         self._lock = threading.Lock()
@@ -133,22 +131,18 @@ class FilePush:
     def push(self, trainer: PolicyTrainer, version: int) -> Synced:
         started = time.perf_counter()
         with self._lock:
-            writing = time.perf_counter()
-            written = self._weights.with_suffix(".writing")
-            trainer.write_weights(written)
-            os.replace(written, self._weights)  # a whole file, or the last one
-            write_s = time.perf_counter() - writing
-            size = self._weights.stat().st_size
-            body = {"path": str(self._weights), "version": version}
-            answers = self.post_all("/weights", body, "take the weights")
-            if not self.supervised:  # nothing would restart an engine from the file
-                self._weights.unlink()
+            moved, engines, write_s = self._deliver(trainer, version)
             self.version = version
-        served = {answer["policy_version"] for answer in answers}
-        if not served <= {version}:
-            raise UsageError(f"engines serve versions {sorted(served)} after a push of {version}")
-        seconds = time.perf_counter() - started
-        return Synced(seconds, len(answers), size * len(answers), write_s)
+        return Synced(time.perf_counter() - started, engines, moved, write_s)
+
+    @abstractmethod
+    def _deliver(self, trainer: PolicyTrainer, version: int) -> tuple[int, int, float]:
+        """The trainer's weights to every engine up, as `version`; the bytes they loaded,
+        how many took them, and the seconds writing or packing them took."""
+
+    @abstractmethod
+    def _give_last(self, index: int) -> None:
+        """The last push's weights to engine `index`."""
 
     def leave(self, index: int) -> None:
         """Engine `index` died: pushes skip it."""
@@ -159,26 +153,27 @@ class FilePush:
         """Engine `index`, restarted (or found answering after a failed request), takes the
         last push, and every push after it. `EngineGone` should it die meanwhile."""
         with self._lock:
-            body = {"path": str(self._weights), "version": self.version}
-            _post(self._http[index], "/weights", body, "take the weights")
+            self._give_last(index)
             self._joined[index] = True
 
     def joined(self, index: int) -> bool:
         return self._joined[index]
 
+    def up(self) -> list[int]:
+        return [index for index, joined in enumerate(self._joined) if joined]
+
     def post_all(self, route: str, body: dict[str, Any], what: str) -> list[dict[str, Any]]:
         """`route` on every engine up at once; their answers, or the first refusal. Of the
         run's own engines, one that cannot be reached (it died) leaves, for its supervisor
         to bring back."""
-        up = [index for index, joined in enumerate(self._joined) if joined]
-        answers = list(self._pool.map(lambda i: self._reach(i, route, body, what), up))
+        answers = list(self._pool.map(lambda i: self._reach(i, route, body, what), self.up()))
         return [answer for answer in answers if answer is not None]
 
     def _reach(
         self, index: int, route: str, body: dict[str, Any], what: str
     ) -> dict[str, Any] | None:
         try:
-            return _post(self._http[index], route, body, what)
+            return post_to_engine(self._http[index], route, body, what)
         except EngineGone:
             if not self.supervised:
                 raise
@@ -189,14 +184,63 @@ class FilePush:
         for http in self._http:
             http.close()
         self._pool.shutdown()
+
+
+class FilePush(EngineLinks):
+    """Engines on the run's machine: weights travel as one safetensors file (under
+    /dev/shm, in memory, where there is one) that every engine loads at once through
+    `POST /v1/weights`; each applies them between two decode steps, and its requests in
+    flight go on. The last push's file is kept for a restarted engine."""
+
+    def __init__(self, urls: list[str], token: str | None, supervised: bool) -> None:
+        super().__init__(urls, token, supervised)
+        self._dir = weights_folder()
+        self._weights = self._dir / "weights.safetensors"
+
+    def _deliver(self, trainer: PolicyTrainer, version: int) -> tuple[int, int, float]:
+        started = time.perf_counter()
+        written = self._weights.with_suffix(".writing")
+        trainer.write_weights(written)
+        os.replace(written, self._weights)  # a whole file, or the last one
+        write_s = time.perf_counter() - started
+        size = self._weights.stat().st_size
+        body = {"path": str(self._weights), "version": version}
+        answers = self.post_all("/weights", body, "take the weights")
+        if not self.supervised:  # nothing would restart an engine from the file
+            self._weights.unlink()
+        check_versions([answer["policy_version"] for answer in answers], version)
+        return size * len(answers), len(answers), write_s
+
+    def _give_last(self, index: int) -> None:
+        body = {"path": str(self._weights), "version": self.version}
+        post_to_engine(self._http[index], "/weights", body, "take the weights")
+
+    def close(self) -> None:
+        super().close()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def weights_folder() -> Path:
+    """A new folder for weight files: in memory (/dev/shm) where there is one, since an
+    engine reads them once, at once."""
+    memory = Path("/dev/shm")
+    return Path(
+        tempfile.mkdtemp(prefix="reinforge-weights-", dir=memory if memory.is_dir() else None)
+    )
+
+
+def check_versions(served: list[int], version: int) -> None:
+    if not set(served) <= {version}:
+        raise UsageError(f"engines serve versions {sorted(set(served))} after a push of {version}")
 
 
 class EngineGone(UsageError):
     """An engine that could not be reached: it died, or stopped answering."""
 
 
-def _post(http: httpx.Client, route: str, body: dict[str, Any], what: str) -> dict[str, Any]:
+def post_to_engine(
+    http: httpx.Client, route: str, body: dict[str, Any], what: str
+) -> dict[str, Any]:
     url = str(http.base_url).rstrip("/")
     try:
         response = http.post(route, json=body)

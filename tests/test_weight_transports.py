@@ -1,0 +1,99 @@
+"""The weight transports that cross nodes: weights packed in buckets with a manifest, and
+Ray's object store carrying them to each engine's node, whose actor hands them to its
+engine over localhost. On a local Ray cluster with two engines of the tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+
+from reinforge.config import Config, load_config
+from reinforge.orchestrate.cluster import open_cluster
+from reinforge.orchestrate.engines import RemoteEngine, open_engine
+from reinforge.policy.models import load_model
+from reinforge.policy.weight_buckets import pack, total_bytes, unpack
+from reinforge.train.trainer import Trainer
+
+from .conftest import require_extra
+from .test_remote_engine import assert_samples_with
+
+
+def test_buckets_give_back_every_tensor_cast_and_aligned():
+    weights = {
+        "odd": torch.randn(3, 5),  # 60 bytes: the next tensor starts past padding
+        "steps": torch.arange(7),  # int64: never cast
+        "scalar": torch.tensor(2.5),
+        "long": torch.randn(1000),
+    }
+    for dtype in (None, torch.bfloat16):
+        buckets = pack(weights, dtype, bucket_bytes=256)
+        back = unpack(buckets)
+        assert list(back) == list(weights)
+        for name, tensor in weights.items():
+            want = tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
+            assert back[name].dtype == want.dtype and torch.equal(back[name], want), name
+        assert all(e.offset % 16 == 0 for b in buckets for e in b.entries)
+        # each bucket within its size unless one tensor alone is larger ("long", 4000 B)
+        assert all(b.data.nbytes <= 256 or len(b.entries) == 1 for b in buckets)
+        assert len(buckets) > 1
+    full, half = total_bytes(pack(weights)), total_bytes(pack(weights, torch.bfloat16))
+    assert half < 0.6 * full  # bf16 halves the floating bytes
+
+
+def test_the_object_store_carries_the_weights_to_every_engine_and_a_rejoining_one(tmp_path):
+    require_extra("ray", "ray")
+    overrides = ["model.name=tiny-random", "rollout.engines=2", f"run.dir={tmp_path}",
+                 "cluster.backend=ray", "cluster.weight_sync=object_store"]  # fmt: skip
+    config = load_config(Config, None, overrides)
+    model, tokenizer = load_model("tiny-random")
+    trainer = Trainer(model, config.trainer, config.optim, total_steps=1)
+    generator = torch.Generator().manual_seed(0)
+
+    def perturb() -> None:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=generator))
+
+    async def pushes() -> None:
+        with open_cluster(config) as cluster:
+            engine = await open_engine(config, trainer, tokenizer, 0, cluster.engines)
+            assert isinstance(engine, RemoteEngine)
+            try:
+                perturb()
+                synced = engine.sync.push(trainer, 5)
+                assert (synced.engines, engine.version) == (2, 5)
+                assert synced.bytes == 2 * sum(p.numel() * 4 for p in model.parameters())
+                for url in engine.sync.urls:
+                    assert_samples_with(url, model, 5)
+                # engine 0 misses a push, then catches up from the store
+                engine.sync.leave(0)
+                perturb()
+                assert engine.sync.push(trainer, 6).engines == 1
+                engine.sync.rejoin(0)
+                for url in engine.sync.urls:
+                    assert_samples_with(url, model, 6)
+            finally:
+                await engine.aclose()
+
+    asyncio.run(pushes())
+
+
+def test_the_object_store_casts_to_the_engines_dtype(tmp_path):
+    require_extra("ray", "ray")
+    overrides = ["model.name=tiny-random", "rollout.engines=2", f"run.dir={tmp_path}",
+                 "cluster.backend=ray", "cluster.weight_sync=object_store",
+                 "engine.dtype=bfloat16"]  # fmt: skip
+    config = load_config(Config, None, overrides)
+    model, tokenizer = load_model("tiny-random")
+    trainer = Trainer(model, config.trainer, config.optim, total_steps=1)
+
+    async def push() -> int:
+        with open_cluster(config) as cluster:
+            engine = await open_engine(config, trainer, tokenizer, 0, cluster.engines)
+            try:
+                return engine.sync.push(trainer, 1).bytes
+            finally:
+                await engine.aclose()
+
+    assert asyncio.run(push()) == 2 * sum(p.numel() * 2 for p in model.parameters())
