@@ -31,6 +31,12 @@ class SimStep:
     """Trained tokens by staleness (trainer version minus the version that sampled them)."""
     sampler_busy_s: float
     """Engine iteration seconds in the step, summed over the engines."""
+    slots: tuple[int, ...] = ()
+    """The step's groups (set aside or not; not the dropped ones) by slot of the data
+    order, in that order: the groups a run records for the step."""
+    policy_version: int = 0
+    """The engines' policy version after the step's weight sync (unchanged when every
+    group was uniform: nothing trained, nothing synced)."""
 
 
 class Clock:
@@ -55,6 +61,8 @@ class Clock:
 
 @dataclass
 class SimGroup:
+    slot: int
+    """Its place in the data order: steps x tasks per step + task index."""
     cost: GroupCost
     episodes_left: int
     rollouts: list[SimRollout] = field(default_factory=list)

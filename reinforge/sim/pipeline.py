@@ -192,7 +192,7 @@ class RolloutSide:
 
     def _start_group(self, slot: int) -> None:
         cost = self.sim.workload.group(slot)
-        group = SimGroup(cost, episodes_left=len(cost.rollouts))
+        group = SimGroup(slot, cost, episodes_left=len(cost.rollouts))
         group.rollouts = [
             SimRollout(r, group, t) for r, t in zip(cost.rollouts, cost.trained, strict=True)
         ]

@@ -64,7 +64,7 @@ def load_workload(config: SimConfig) -> Workload:
         if sim.replay:
             raise UsageError("sim.replay replays a run: give one with --from-run")
         return Parametric(sim.workload, size, config.env.max_tokens_per_turn, sim.seed)
-    groups = read_run(sim.from_run, config.trainer)
+    groups = read_run(sim.from_run, config.trainer, config.distill)
     found = len(groups[0].rollouts)
     if found != size:
         raise UsageError(

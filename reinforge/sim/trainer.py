@@ -144,6 +144,8 @@ class Trainer:
                 redrawn=self.redrawn,
                 staleness=staleness,
                 sampler_busy_s=busy - self._busy_mark,
+                slots=tuple(sorted(g.slot for g in self.kept)),
+                policy_version=self.version,
             )
         )
         self._busy_mark = busy

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from reinforge.errors import UsageError
 from reinforge.sim.config import Lognormal, ParametricWorkload
 from reinforge.train.config import TrainerConfig
+from reinforge.train.distill import DistillConfig
 from reinforge.train.trainer import rewards_vary, select_for_training
 from reinforge.types import Group, Status, Task, Trajectory, masked_spans
 
@@ -63,9 +64,10 @@ class GroupCost:
     """Per rollout: whether the trainer takes it (not when the group's rewards are equal)."""
     uniform: bool
     """No two of its trainable rollouts' rewards differ (`rewards_vary` is false; so too
-    when fewer than two are trainable): the loop may set it aside (`loop.uniform_redraws`).
-    Not the same as training nothing: a group whose varying rollouts are all masked
-    (`trainer.truncated = "mask"`) trains nothing, yet the loop keeps it."""
+    when fewer than two are trainable) and no teacher taught it: the loop may set it aside
+    (`loop.uniform_redraws`). Not the same as training nothing: a group whose varying
+    rollouts are all masked (`trainer.truncated = "mask"`) trains nothing, yet the loop
+    keeps it; a taught group of equal rewards trains on its distillation advantages."""
 
     @property
     def trained_tokens(self) -> int:
@@ -133,18 +135,21 @@ def _draw(law: Lognormal, rng: random.Random) -> float:
     return value if law.cap is None else min(value, law.cap)
 
 
-def read_run(run: Path, trainer: TrainerConfig) -> list[GroupCost]:
+def read_run(
+    run: Path, trainer: TrainerConfig, distill: DistillConfig | None = None
+) -> list[GroupCost]:
     """The groups of a run's `trajectories/step_*.jsonl`, in step order and, within a step,
     in the order the loop recorded them (for a sync run, the data order). Which rollouts
     train, and which groups are uniform, are decided as the loop decides them, under
-    `trainer`."""
+    `trainer` and `distill`: a group a teacher taught (its rollouts carry
+    `teacher_logprobs`) is never uniform."""
     files = sorted((run / "trajectories").glob("step_*.jsonl"))
     if not files:
         raise UsageError(f"no trajectories in {run} (looked for trajectories/step_*.jsonl)")
     groups: list[GroupCost] = []
     for path in files:
         for trajectories in _grouped(_trajectories(path)):
-            groups.append(_cost(trajectories, trainer))
+            groups.append(_cost(trajectories, trainer, distill))
     sizes = {len(g.rollouts) for g in groups}
     if len(sizes) > 1:
         raise UsageError(f"{run}: groups of several sizes ({sorted(sizes)}): not one run")
@@ -170,7 +175,9 @@ def _grouped(trajectories: list[Trajectory]) -> list[list[Trajectory]]:
     return groups
 
 
-def _cost(trajectories: list[Trajectory], trainer: TrainerConfig) -> GroupCost:
+def _cost(
+    trajectories: list[Trajectory], trainer: TrainerConfig, distill: DistillConfig | None
+) -> GroupCost:
     rollouts = []
     for t in trajectories:
         spans = masked_spans(t.loss_mask)
@@ -190,6 +197,10 @@ def _cost(trajectories: list[Trajectory], trainer: TrainerConfig) -> GroupCost:
     grade_s = sum(t.timings.score_s for t in scored)
     task = Task(id=trajectories[0].group_id, prompt=[])
     group = Group(task=task, trajectories=trajectories)
-    chosen = select_for_training([group], trainer)
+    chosen = select_for_training([group], trainer, distill)
     trained = tuple(any(t is c for c in chosen.trajectories) for t in trajectories)
-    return GroupCost(tuple(rollouts), grade_s, trained, uniform=not rewards_vary(group, trainer))
+    # the loop sets a group aside only when no teacher teaches its task; the teacher
+    # scores every trainable rollout of the tasks it teaches
+    taught = distill is not None and any(t.teacher_logprobs for t in trajectories)
+    uniform = not taught and not rewards_vary(group, trainer)
+    return GroupCost(tuple(rollouts), grade_s, trained, uniform)
