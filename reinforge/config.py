@@ -15,7 +15,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal, Self, TypeVar
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from reinforge.envs.recipes.config import RecipesConfig
 from reinforge.errors import ConfigError, UsageError, first_problem
@@ -24,7 +24,7 @@ from reinforge.policy.config import EngineConfig, ModelConfig, ServerConfig
 from reinforge.rollout.config import RolloutConfig, TrainRolloutConfig
 from reinforge.train.config import OptimConfig, SFTConfig, TrainerConfig
 from reinforge.train.distill import DistillConfig
-from reinforge.types import Section
+from reinforge.types import Section, sections_of, variant_tag
 
 
 class Config(Section):
@@ -212,7 +212,51 @@ def load_config(
     try:
         return root.model_validate(data)
     except ValidationError as error:
-        raise ConfigError(*first_problem(error)) from error
+        raise ConfigError(*_problem(root, error)) from error
+
+
+def _problem(root: type[BaseModel], error: ValidationError) -> tuple[str, str]:
+    """`first_problem`, with the key as a config file writes it: pydantic puts a variant's
+    tag in the path (`loop.sync.max_staleness`), where no file has it. A key of other
+    variants says which hold it, and an unknown tag which tags there are."""
+    first = error.errors()[0]
+    _, problem = first_problem(error)
+    loc = [str(part) for part in first["loc"]]
+    keys: list[str] = []
+    model: type[BaseModel] | None = root
+    variants: list[type[BaseModel]] = []  # those `model` was chosen from
+    while loc:
+        part = loc.pop(0)
+        field = None if model is None else model.model_fields.get(part)
+        if field is None:  # a key unknown here, or past the classes (a dict's, a list's)
+            if model in variants and first["type"] == "extra_forbidden" and not loc:
+                problem = _elsewhere(part, _tag(model), variants, ".".join(keys))
+            keys += [part, *loc]
+            break
+        keys.append(part)
+        choices = sections_of(field.annotation)
+        model, variants = (choices[0] if len(choices) == 1 else None), []
+        if len(choices) > 1 and loc:  # the tag pydantic adds to the path
+            tag = loc.pop(0)
+            model = next((c for c in choices if _tag(c)[1] == tag), None)
+            variants = choices
+        elif len(choices) > 1 and first["type"] == "union_tag_invalid":
+            keys.append(_tag(choices[0])[0])
+            context = first.get("ctx", {})
+            problem = f"{context.get('tag')!r} is none of {context.get('expected_tags')}"
+    return ".".join(keys), problem
+
+
+def _tag(variant: type[BaseModel]) -> tuple[str, str]:
+    return variant_tag(variant) or ("", "")
+
+
+def _elsewhere(key: str, tag: tuple[str, str], variants: list[type[BaseModel]], union: str) -> str:
+    """What to say of `key`, which the variant `tag` of the union at `union` lacks."""
+    holders = [f'"{_tag(v)[1]}"' for v in variants if key in v.model_fields]
+    if not holders:
+        return "unknown key"
+    return f'a key of {union}.{tag[0]} = {" or ".join(holders)}, not of "{tag[1]}"'
 
 
 def parse_value(text: str) -> Any:

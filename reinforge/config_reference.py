@@ -17,6 +17,7 @@ from pydantic_core import PydanticUndefined
 
 from reinforge.config import UNREAD, Config, EvalConfig, ServeConfig
 from reinforge.sim.config import SimConfig
+from reinforge.types import sections_of, variant_tag
 
 ROOTS: list[tuple[str, type[BaseModel]]] = [
     ("reinforge train / reinforge sft", Config),
@@ -65,11 +66,12 @@ def _section(model: type[BaseModel], prefix: str) -> list[str]:
     """A table of the plain keys of `model`, then each subsection after it."""
     rows: list[str] = []
     later: list[str] = []
+    tag = variant_tag(model)
     for name, info in model.model_fields.items():
-        if name == "kind":  # the variant's heading names it
+        if tag is not None and name == tag[0]:  # the variant's heading names it
             continue
         key = f"{prefix}{name}"
-        nested = _models(info.annotation)
+        nested = sections_of(info.annotation)
         if len(nested) == 1 and not _is_union(info):
             later.append(f"\n### `{key}`")
             later.extend(_doc(nested[0], info))
@@ -78,8 +80,8 @@ def _section(model: type[BaseModel], prefix: str) -> list[str]:
             later.append(f"\n### `{key}`")
             later.extend(_doc(None, info))
             for variant in nested:
-                kind = _kind(variant)
-                label = f"`{key}` with kind = `{kind}`" if kind else f"`{key}`"
+                tag = variant_tag(variant)
+                label = f"`{key}` with {tag[0]} = `{tag[1]}`" if tag else f"`{key}`"
                 later.append(f"\n#### {label}")
                 later.extend(_doc(variant, None))
                 later.extend(_section(variant, f"{key}."))
@@ -100,29 +102,15 @@ def _doc(model: type[BaseModel] | None, info: FieldInfo | None) -> list[str]:
     return ["", " ".join(texts)] if texts else []
 
 
-def _models(annotation: Any) -> list[type[BaseModel]]:
-    """The config classes a field holds: one, or the variants of a union."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    found: list[type[BaseModel]] = []
-    for arg in typing.get_args(annotation):
-        found.extend(_models(arg))
-    return found
-
-
 def _is_union(info: FieldInfo) -> bool:
     return (
-        len(_models(info.annotation)) > 1 or typing.get_origin(info.annotation) is typing.Annotated
+        len(sections_of(info.annotation)) > 1
+        or typing.get_origin(info.annotation) is typing.Annotated
     )
 
 
 def _optional(annotation: Any) -> bool:
     return type(None) in typing.get_args(annotation)
-
-
-def _kind(model: type[BaseModel]) -> str | None:
-    field = model.model_fields.get("kind")
-    return None if field is None else str(field.default)
 
 
 def _type(annotation: Any) -> str:
