@@ -5,7 +5,8 @@ beside it, one and several.
 - in-process, bf16 engine: the trainer's fp32 weights copied into the engine's own copy;
 - `reinforge serve` x N: the trainer writes one safetensors file (under /dev/shm where
   there is one) and every engine loads it at once through `POST /v1/weights` (what
-  `rollout.engines = N` does after every step; one engine is what `loop.engine_url` does).
+  `engines.count = N` spawned engines do after every step; one is what a served engine
+  does).
 
 Rounds are interleaved, so that noise from other work hits every kind alike.
 
@@ -28,6 +29,7 @@ from typing import Any
 from transformers import PreTrainedModel
 
 from reinforge.config import Config, load_config
+from reinforge.orchestrate.config import SpawnedEngines
 from reinforge.orchestrate.engines import RemoteEngine
 from reinforge.orchestrate.weight_sync import CopiedWeights, WeightSync
 from reinforge.policy.config import EngineConfig
@@ -74,13 +76,13 @@ async def measure(
                 None,
                 [
                     f"model.name={model_name}",
-                    f"rollout.engines={count}",
                     f"run.dir={runs}",
                     f"run.name=engines-{count}",
                 ],  # fmt: skip
             )
             name = f"serve_x{count}_file_handoff"
-            remotes[name] = await RemoteEngine.start(config, trainer, 0)
+            spawned = SpawnedEngines(count=count)
+            remotes[name] = await RemoteEngine.start(config, trainer, 0, spawned)
             kinds[name] = Kind(engines=count)
         syncs: dict[str, WeightSync] = {"in_process_bf16_copy": CopiedWeights(copy)}
         syncs.update({name: remote.sync for name, remote in remotes.items()})

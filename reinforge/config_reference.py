@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from reinforge.config import UNREAD, Config, EvalConfig, ServeConfig
+from reinforge.config import MOVED, UNREAD, Config, EvalConfig, ServeConfig
 from reinforge.sim.config import SimConfig
 from reinforge.types import sections_of, variant_tag
 
@@ -33,9 +33,11 @@ a test checks that it is current. Every command reads its tree from an optional 
 and dotted `key=value` overrides (values in TOML syntax: `run.steps=40`,
 `env.args.difficulty=2`, `engine.dtype="bfloat16"`); an unknown key or a wrong type is one
 line on stderr and exit code 2. A section that appears in several trees is the same class
-with the same defaults. Variants (`kind = ...`) are chosen by their `kind`; an override
-that names no kind keeps the default variant. An override or a flag of a key the command
-does not read is refused the same way (the last section lists them).
+with the same defaults. Variants are chosen by their tag (`kind = ...`, or `loop.mode`);
+an override that names no tag keeps the default variant, and a key of another variant is
+refused, naming the variants that hold it. An override or a flag of a key the command does
+not read is refused the same way, and so is a key that moved (the last sections list
+them).
 """
 
 UNREAD_HEADER = """
@@ -48,6 +50,14 @@ listed for a command decides; every key of no listed prefix is read.
 | command | key | |
 |---|---|---|"""
 
+MOVED_HEADER = """
+## Keys that moved
+
+A config that sets one (in a file too) is refused in one line naming its new key.
+
+| key | now |
+|---|---|"""
+
 
 def reference() -> str:
     parts = [HEADER]
@@ -59,6 +69,9 @@ def reference() -> str:
         for prefix, why in rules.items():
             key = f"`{prefix}`" if prefix else "(any key)"
             parts.append(f"| `reinforge {command}` | {key} | {why or 'read'} |")
+    parts.append(MOVED_HEADER)
+    for old, (new, variant) in MOVED.items():
+        parts.append(f"| `{old}` | `{new}`, with `{variant}` |")
     return "\n".join(parts)
 
 
