@@ -63,7 +63,7 @@ def overrides(args: argparse.Namespace, mode: str, scratch: Path, name: str) -> 
         f"run.seed={args.seed}",
         f"run.checkpoint_every={args.steps}",  # one checkpoint, after the last step
         f"loop.mode={mode}",
-        f"loop.max_staleness={args.max_staleness}",
+        *([] if mode == "sync" else [f"loop.max_staleness={args.max_staleness}"]),
         *args.set,
         f"run.dir={scratch}",
         f"run.name={name}",

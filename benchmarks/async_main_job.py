@@ -1,10 +1,11 @@
 """Does staleness cost learning? The main job in sync, async and partial mode, per seed.
 
 Each run is `reinforge train examples/arithmetic.toml` (SmolLM2-135M, 40 steps) with
-`loop.mode=MODE loop.max_staleness=1 run.seed=SEED`. Off-policy data could learn less per
-sample, so the comparison is reward against trained samples (rollouts that reached the
-loss), not against steps or wall time; each mode runs the same seeds, one after another
-(the reward does not depend on the machine's speed, but how stale the data gets does).
+`loop.mode=MODE run.seed=SEED` (and `loop.max_staleness=1` but in sync mode). Off-policy
+data could learn less per sample, so the comparison is reward against trained samples
+(rollouts that reached the loss), not against steps or wall time; each mode runs the same
+seeds, one after another (the reward does not depend on the machine's speed, but how
+stale the data gets does).
 
     python benchmarks/async_main_job.py [--seeds 0 1] [--steps 40] [--json out.json]
 """
@@ -25,8 +26,9 @@ MODES = ("sync", "async", "partial")
 
 def train(mode: str, seed: int, steps: int, scratch: Path) -> list[dict]:
     name = f"{mode}-{seed}"
+    staleness = [] if mode == "sync" else ["loop.max_staleness=1"]
     argv = [sys.executable, "-m", "reinforge", "train", "examples/arithmetic.toml",
-            f"loop.mode={mode}", "loop.max_staleness=1", f"run.seed={seed}",
+            f"loop.mode={mode}", *staleness, f"run.seed={seed}",
             f"run.steps={steps}", f"run.dir={scratch}", f"run.name={name}"]  # fmt: skip
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
     if done.returncode != 0:

@@ -19,7 +19,7 @@ Each server, each round:
   returned (one short prefill and the HTTP round trip included), best of 3 after one
   untimed request;
 - weight sync: `POST /v1/weights` with the model's fp32 weights as a safetensors file
-  under /dev/shm (what `loop.engine_url` does after each step; writing the file is not
+  under /dev/shm (what a served engine gets after each step; writing the file is not
   timed), 3 times;
 - peak RSS: VmHWM of the server and its children (summed), after serving and again
   after the weight syncs.

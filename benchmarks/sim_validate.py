@@ -50,7 +50,6 @@ def loop_settings(args: argparse.Namespace) -> list[str]:
         f"model.name={args.model}",
         f"rollout.tasks_per_step={args.tasks_per_step}",
         f"rollout.rollouts_per_task={args.rollouts_per_task}",
-        f"loop.max_staleness={args.max_staleness}",
     ]
 
 
@@ -75,6 +74,7 @@ def train(args: argparse.Namespace, mode: str, scratch: Path) -> dict[str, Any]:
         f"run.seed={args.seed}",
         f"run.checkpoint_every={args.steps}",
         f"loop.mode={mode}",
+        *([] if mode == "sync" else [f"loop.max_staleness={args.max_staleness}"]),
         f"run.dir={scratch}",
         f"run.name={mode}",
     )
@@ -104,6 +104,7 @@ def predict(
         "sim",
         "predict",
         f"--mode={mode}",
+        f"--max-staleness={args.max_staleness}",
         f"--profile={profile}",
         f"--from-run={run}",
         "--json",

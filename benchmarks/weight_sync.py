@@ -5,9 +5,10 @@ beside it, one and several.
 - in-process, bf16 engine: the trainer's fp32 weights copied into the engine's own copy;
 - `reinforge serve` x N: the trainer writes one safetensors file (under /dev/shm where
   there is one) and every engine loads it at once through `POST /v1/weights` (what
-  `rollout.engines = N` does after every step; one engine is what `loop.engine_url` does);
+  `engines.count = N` spawned engines do after every step; one is what a served engine
+  does);
 - with `--ray N`, N engines as actors of a local Ray cluster, three ways: the same file
-  push, and `cluster.weight_sync = "object_store"` (buckets put in Ray's object store,
+  push, and `engines.weight_sync = "object_store"` (buckets put in Ray's object store,
   each actor writing them to its own node's memory for its engine) to fp32 engines and to
   bf16 ones (half the bytes).
 
@@ -32,6 +33,7 @@ from typing import Any
 from transformers import PreTrainedModel
 
 from reinforge.config import Config, load_config
+from reinforge.orchestrate.config import Resources, SpawnedEngines
 from reinforge.orchestrate.engines import RemoteEngine
 from reinforge.orchestrate.ray_cluster import RayCluster
 from reinforge.orchestrate.weight_sync import CopiedWeights, WeightSync
@@ -65,15 +67,14 @@ class Kind:
 
 
 RAY_KINDS = {
-    "file": ["cluster.weight_sync=file"],
-    "object_store_fp32": ["cluster.weight_sync=object_store"],
-    "object_store_bf16": ["cluster.weight_sync=object_store", "engine.dtype=bfloat16"],
+    "file": (SpawnedEngines.model_fields["weight_sync"].default, "float32"),
+    "object_store_fp32": ("object_store", "float32"),
+    "object_store_bf16": ("object_store", "bfloat16"),
 }
 
 
-def run_config(model_name: str, count: int, runs: Path, name: str, *more: str) -> Config:
-    overrides = [f"model.name={model_name}", f"rollout.engines={count}", f"run.dir={runs}",
-                 f"run.name={name}", *more]  # fmt: skip
+def run_config(model_name: str, runs: Path, name: str, *more: str) -> Config:
+    overrides = [f"model.name={model_name}", f"run.dir={runs}", f"run.name={name}", *more]
     return load_config(Config, None, overrides)
 
 
@@ -93,18 +94,23 @@ async def measure(
     cluster = None
     try:
         for count in counts:
-            config = run_config(model_name, count, runs, f"engines-{count}")
+            config = run_config(model_name, runs, f"engines-{count}")
             name = f"serve_x{count}_file_handoff"
-            remotes[name] = await RemoteEngine.start(config, trainer, 0)
+            spawned = SpawnedEngines(count=count)
+            remotes[name] = await RemoteEngine.start(config, trainer, 0, spawned)
             kinds[name] = Kind(engines=count)
         if ray_count is not None:
-            # three sets of engines on one machine's CPUs: each asks for a share of one
-            ray = ["cluster.backend=ray", "cluster.engine.cpus=0.25"]
-            cluster = RayCluster(run_config(model_name, ray_count, runs, "ray", *ray))
-            for kind, more in RAY_KINDS.items():
+            cluster = RayCluster(run_config(model_name, runs, "ray", "cluster.backend=ray"))
+            for kind, (transport, dtype) in RAY_KINDS.items():
                 name = f"ray_x{ray_count}_{kind}"
-                config = run_config(model_name, ray_count, runs, name, *ray, *more)
-                remotes[name] = await RemoteEngine.start(config, trainer, 0, cluster.engines)
+                config = run_config(model_name, runs, name, f"engine.dtype={dtype}")
+                # three sets of engines on one machine's CPUs: each asks for a share of one
+                spawned = SpawnedEngines(
+                    count=ray_count, weight_sync=transport, resources=Resources(cpus=0.25)
+                )
+                remotes[name] = await RemoteEngine.start(
+                    config, trainer, 0, spawned, cluster.engines
+                )
                 kinds[name] = Kind(engines=ray_count)
         syncs: dict[str, WeightSync] = {"in_process_bf16_copy": CopiedWeights(copy)}
         syncs.update({name: remote.sync for name, remote in remotes.items()})

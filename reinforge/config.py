@@ -15,16 +15,24 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal, Self, TypeVar
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from reinforge.envs.recipes.config import RecipesConfig
 from reinforge.errors import ConfigError, UsageError, first_problem
-from reinforge.orchestrate.config import ClusterConfig, LoopConfig, RunConfig
+from reinforge.orchestrate.config import (
+    ClusterConfig,
+    EnginesConfig,
+    InProcessEngine,
+    LoopConfig,
+    RunConfig,
+    SpawnedEngines,
+    SyncLoop,
+)
 from reinforge.policy.config import EngineConfig, ModelConfig, ServerConfig
 from reinforge.rollout.config import RolloutConfig, TrainRolloutConfig
 from reinforge.train.config import OptimConfig, SFTConfig, TrainerConfig
 from reinforge.train.distill import DistillConfig
-from reinforge.types import Section
+from reinforge.types import Section, sections_of, variant_tag
 
 
 class Config(Section):
@@ -37,7 +45,14 @@ class Config(Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     run: RunConfig = Field(default_factory=RunConfig)
-    loop: LoopConfig = Field(default_factory=LoopConfig)
+    loop: LoopConfig = Field(default_factory=SyncLoop)
+    """How rollouts and training interleave (`mode`: sync, async or partial). In every mode
+    a token trained at trainer version V was sampled by version V - max_staleness or later
+    (by V itself in sync mode)."""
+    engines: EnginesConfig = Field(default_factory=InProcessEngine)
+    """Where the policy samples (`kind`: in_process, served or spawned). A sharded trainer
+    (`trainer.world_size` > 1) holds its weights in its ranks, not in the run's process:
+    for one the default is one spawned engine, and in_process is refused."""
     sft: SFTConfig = Field(default_factory=SFTConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     distill: DistillConfig | None = None
@@ -49,12 +64,27 @@ class Config(Section):
         return self.run.dir / self.run.name
 
     @model_validator(mode="after")
-    def _one_source_of_engines(self) -> Self:
-        if self.rollout.engines > 1 and self.loop.engine_url is not None:
+    def _sharded_trainers_sample_elsewhere(self) -> Self:
+        if self.trainer.world_size == 1 or not isinstance(self.engines, InProcessEngine):
+            return self
+        if "engines" in self.model_fields_set:
             raise ValueError(
-                "loop.engine_url names one running engine and rollout.engines > 1 starts the "
-                "run's own: set one or the other"
+                f'engines.kind is "in_process": a sharded trainer (trainer.world_size '
+                f"{self.trainer.world_size}) holds its weights in its ranks, not in the run's "
+                'process; use engines.kind = "spawned" (its default) or "served"'
             )
+        self.engines = SpawnedEngines()
+        return self
+
+    @model_validator(mode="after")
+    def _object_store_is_rays(self) -> Self:
+        engines = self.engines
+        if isinstance(engines, SpawnedEngines) and engines.weight_sync == "object_store":
+            if self.cluster.backend != "ray":
+                raise ValueError(
+                    'engines.weight_sync is "object_store", Ray\'s: it needs '
+                    'cluster.backend = "ray"'
+                )
         return self
 
     @model_validator(mode="after")
@@ -122,7 +152,7 @@ UNREAD: dict[str, dict[str, str | None]] = {
         "rollout": _SAMPLES_NOTHING,
         "loop": _SAMPLES_NOTHING,
         "distill": _SAMPLES_NOTHING,
-        "cluster.engine": _SAMPLES_NOTHING,
+        "engines": _SAMPLES_NOTHING,
         "trainer.algorithm.advantage": _RL_ONLY,
         "trainer.truncated": _RL_ONLY,
         "trainer.truncation_penalty": _RL_ONLY,
@@ -174,6 +204,17 @@ unread key (an override or a flag) rather than ignore it; a config file may hold
 that one file serves train, sft and sim."""
 
 
+MOVED: dict[str, tuple[str, str]] = {
+    "loop.engine_url": ("engines.url", 'engines.kind = "served"'),
+    "loop.engine_token": ("engines.token", 'engines.kind = "served"'),
+    "rollout.engines": ("engines.count", 'engines.kind = "spawned"'),
+    "rollout.engine_restarts": ("engines.restarts", 'engines.kind = "spawned"'),
+    "cluster.engine": ("engines.resources", 'engines.kind = "spawned"'),
+}
+"""Keys that moved, each with its new key and the variant that holds it: a config that
+sets one is refused in one line naming the new key."""
+
+
 def unread(command: str, key: str) -> str | None:
     """Why `command` (`UNREAD`'s name for it) does not read the dotted `key`; None when it
     does."""
@@ -209,10 +250,65 @@ def load_config(
         if not sep or not key:
             raise UsageError(f"overrides take KEY=VALUE, got {override!r}")
         _set(data, key.split("."), parse_value(value))
+    for old, (new, variant) in MOVED.items():
+        if new.split(".")[0] in root.model_fields and _holds(data, old.split(".")):
+            raise ConfigError(old, f"moved to {new} (with {variant})")
     try:
         return root.model_validate(data)
     except ValidationError as error:
-        raise ConfigError(*first_problem(error)) from error
+        raise ConfigError(*_problem(root, error)) from error
+
+
+def _holds(data: dict[str, Any], keys: list[str]) -> bool:
+    for key in keys:
+        if not isinstance(data, dict) or key not in data:
+            return False
+        data = data[key]
+    return True
+
+
+def _problem(root: type[BaseModel], error: ValidationError) -> tuple[str, str]:
+    """`first_problem`, with the key as a config file writes it: pydantic puts a variant's
+    tag in the path (`loop.sync.max_staleness`), where no file has it. A key of other
+    variants says which hold it, and an unknown tag which tags there are."""
+    first = error.errors()[0]
+    _, problem = first_problem(error)
+    loc = [str(part) for part in first["loc"]]
+    keys: list[str] = []
+    model: type[BaseModel] | None = root
+    variants: list[type[BaseModel]] = []  # those `model` was chosen from
+    while loc:
+        part = loc.pop(0)
+        field = None if model is None else model.model_fields.get(part)
+        if field is None:  # a key unknown here, or past the classes (a dict's, a list's)
+            if model in variants and first["type"] == "extra_forbidden" and not loc:
+                problem = _elsewhere(part, _tag(model), variants, ".".join(keys))
+            keys += [part, *loc]
+            break
+        keys.append(part)
+        choices = sections_of(field.annotation)
+        model, variants = (choices[0] if len(choices) == 1 else None), []
+        if len(choices) > 1 and loc:  # the tag pydantic adds to the path
+            tag = loc.pop(0)
+            model = next((c for c in choices if _tag(c)[1] == tag), None)
+            variants = choices
+        elif len(choices) > 1 and first["type"] == "union_tag_invalid":
+            keys.append(_tag(choices[0])[0])
+            context = first.get("ctx", {})
+            problem = f"{context.get('tag')!r} is none of {context.get('expected_tags')}"
+    return ".".join(keys), problem
+
+
+def _tag(variant: type[BaseModel]) -> tuple[str, str]:
+    return variant_tag(variant) or ("", "")
+
+
+def _elsewhere(key: str, tag: tuple[str, str], variants: list[type[BaseModel]], union: str) -> str:
+    """What to say of `key`, which the variant `tag` of the union at `union` lacks."""
+    holders = [f'"{_tag(v)[1]}"' for v in variants if key in v.model_fields]
+    if not holders:
+        return "unknown key"
+    return f'a key of {union}.{tag[0]} = {" or ".join(holders)}, not of "{tag[1]}"'
 
 
 def parse_value(text: str) -> Any:

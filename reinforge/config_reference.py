@@ -15,8 +15,9 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from reinforge.config import UNREAD, Config, EvalConfig, ServeConfig
+from reinforge.config import MOVED, UNREAD, Config, EvalConfig, ServeConfig
 from reinforge.sim.config import SimConfig
+from reinforge.types import sections_of, variant_tag
 
 ROOTS: list[tuple[str, type[BaseModel]]] = [
     ("reinforge train / reinforge sft", Config),
@@ -32,9 +33,11 @@ a test checks that it is current. Every command reads its tree from an optional 
 and dotted `key=value` overrides (values in TOML syntax: `run.steps=40`,
 `env.args.difficulty=2`, `engine.dtype="bfloat16"`); an unknown key or a wrong type is one
 line on stderr and exit code 2. A section that appears in several trees is the same class
-with the same defaults. Variants (`kind = ...`) are chosen by their `kind`; an override
-that names no kind keeps the default variant. An override or a flag of a key the command
-does not read is refused the same way (the last section lists them).
+with the same defaults. Variants are chosen by their tag (`kind = ...`, or `loop.mode`);
+an override that names no tag keeps the default variant, and a key of another variant is
+refused, naming the variants that hold it. An override or a flag of a key the command does
+not read is refused the same way, and so is a key that moved (the last sections list
+them).
 """
 
 UNREAD_HEADER = """
@@ -47,6 +50,14 @@ listed for a command decides; every key of no listed prefix is read.
 | command | key | |
 |---|---|---|"""
 
+MOVED_HEADER = """
+## Keys that moved
+
+A config that sets one (in a file too) is refused in one line naming its new key.
+
+| key | now |
+|---|---|"""
+
 
 def reference() -> str:
     parts = [HEADER]
@@ -58,6 +69,9 @@ def reference() -> str:
         for prefix, why in rules.items():
             key = f"`{prefix}`" if prefix else "(any key)"
             parts.append(f"| `reinforge {command}` | {key} | {why or 'read'} |")
+    parts.append(MOVED_HEADER)
+    for old, (new, variant) in MOVED.items():
+        parts.append(f"| `{old}` | `{new}`, with `{variant}` |")
     return "\n".join(parts)
 
 
@@ -65,11 +79,12 @@ def _section(model: type[BaseModel], prefix: str) -> list[str]:
     """A table of the plain keys of `model`, then each subsection after it."""
     rows: list[str] = []
     later: list[str] = []
+    tag = variant_tag(model)
     for name, info in model.model_fields.items():
-        if name == "kind":  # the variant's heading names it
+        if tag is not None and name == tag[0]:  # the variant's heading names it
             continue
         key = f"{prefix}{name}"
-        nested = _models(info.annotation)
+        nested = sections_of(info.annotation)
         if len(nested) == 1 and not _is_union(info):
             later.append(f"\n### `{key}`")
             later.extend(_doc(nested[0], info))
@@ -78,8 +93,8 @@ def _section(model: type[BaseModel], prefix: str) -> list[str]:
             later.append(f"\n### `{key}`")
             later.extend(_doc(None, info))
             for variant in nested:
-                kind = _kind(variant)
-                label = f"`{key}` with kind = `{kind}`" if kind else f"`{key}`"
+                tag = variant_tag(variant)
+                label = f"`{key}` with {tag[0]} = `{tag[1]}`" if tag else f"`{key}`"
                 later.append(f"\n#### {label}")
                 later.extend(_doc(variant, None))
                 later.extend(_section(variant, f"{key}."))
@@ -100,29 +115,15 @@ def _doc(model: type[BaseModel] | None, info: FieldInfo | None) -> list[str]:
     return ["", " ".join(texts)] if texts else []
 
 
-def _models(annotation: Any) -> list[type[BaseModel]]:
-    """The config classes a field holds: one, or the variants of a union."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    found: list[type[BaseModel]] = []
-    for arg in typing.get_args(annotation):
-        found.extend(_models(arg))
-    return found
-
-
 def _is_union(info: FieldInfo) -> bool:
     return (
-        len(_models(info.annotation)) > 1 or typing.get_origin(info.annotation) is typing.Annotated
+        len(sections_of(info.annotation)) > 1
+        or typing.get_origin(info.annotation) is typing.Annotated
     )
 
 
 def _optional(annotation: Any) -> bool:
     return type(None) in typing.get_args(annotation)
-
-
-def _kind(model: type[BaseModel]) -> str | None:
-    field = model.model_fields.get("kind")
-    return None if field is None else str(field.default)
 
 
 def _type(annotation: Any) -> str:

@@ -7,9 +7,9 @@ pydantic models that serialise as plain JSON.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field
 
 Message = dict[str, Any]
 """An OpenAI chat message: `{"role": ..., "content": ..., ["tool_calls": ...]}`."""
@@ -20,6 +20,36 @@ class Section(BaseModel):
     is its description (command help and the config reference read it from there)."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+def tagged(key: str, default: str) -> Discriminator:
+    """Choose a variant of a union by its `key` field (`kind`, `mode`), taking `default`
+    when the input names none, so that an override of one key (`loop.max_error_rate=0.2`,
+    `loss.kl_coef=0.1`) needs no tag."""
+
+    def tag(value: Any) -> str:
+        if isinstance(value, dict):
+            return value.get(key, default)
+        return getattr(value, key, default)
+
+    return Discriminator(tag)
+
+
+def variant_tag(model: type[BaseModel]) -> tuple[str, str] | None:
+    """The tag of a union's variant, as (key, value): its field of one literal value
+    (`kind = "spawned"`, `mode = "sync"`); None for a class that is no variant."""
+    for name, field in model.model_fields.items():
+        values = get_args(field.annotation) if get_origin(field.annotation) is Literal else ()
+        if len(values) == 1:
+            return name, str(values[0])
+    return None
+
+
+def sections_of(annotation: Any) -> list[type[BaseModel]]:
+    """The config classes a field holds: one, or the variants of a union."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for arg in get_args(annotation) for model in sections_of(arg)]
 
 
 class Record(BaseModel):

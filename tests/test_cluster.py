@@ -50,7 +50,8 @@ def test_a_sharded_run_on_a_local_ray_cluster_leaves_no_ray_process(tmp_path):
         tmp_path,
         "run.steps=3",
         "cluster.backend=ray",
-        "rollout.engines=2",
+        "engines.kind=spawned",
+        "engines.count=2",
         "trainer.world_size=2",
     )
     done = _train(argv)
@@ -122,14 +123,15 @@ def test_a_ray_cluster_with_gpus_refuses_processes_that_ask_for_none():
     config = load_config(Config, None, ["cluster.backend=ray", "trainer.world_size=2"])
     line = hidden_gpus(config, 8.0)
     assert line is not None and "\n" not in line
-    assert "cluster.rank.gpus and cluster.engine.gpus = 0" in line
-    asked = ["cluster.rank.gpus=1", "cluster.engine.gpus=0.5"]
+    assert "cluster.rank.gpus and engines.resources.gpus = 0" in line
+    spawned = ["engines.kind=spawned", "engines.count=2"]
+    asked = ["cluster.rank.gpus=1", "engines.kind=spawned", "engines.resources.gpus=0.5"]
     assert hidden_gpus(load_config(Config, None, [*asked, "trainer.world_size=2"]), 8.0) is None
-    engines = load_config(Config, None, ["cluster.backend=ray", "rollout.engines=2"])
+    engines = load_config(Config, None, ["cluster.backend=ray", *spawned])
     assert hidden_gpus(engines, 8.0).endswith(  # type: ignore[union-attr]
-        'set cluster.engine.gpus = 1, or model.device = "cpu" for CPUs'
+        'set engines.resources.gpus = 1, or model.device = "cpu" for CPUs'
     )
-    on_cpus = load_config(Config, None, ["rollout.engines=2", 'model.device="cpu"'])
+    on_cpus = load_config(Config, None, [*spawned, 'model.device="cpu"'])
     assert hidden_gpus(on_cpus, 8.0) is None
     assert hidden_gpus(config, 0.0) is None  # a cluster of CPUs
     one_process = load_config(Config, None, ["cluster.backend=ray"])

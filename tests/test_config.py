@@ -7,7 +7,7 @@ from typing import get_args
 import pytest
 import torch
 
-from reinforge.cli import build_parser, parse
+from reinforge.cli import build_parser, main, parse
 from reinforge.commands import eval as eval_command
 from reinforge.commands import serve as serve_command
 from reinforge.config import Config, EvalConfig, ServeConfig, load_config
@@ -15,7 +15,16 @@ from reinforge.config_reference import reference
 from reinforge.envs.config import EnvConfig
 from reinforge.envs.environment import Harness
 from reinforge.envs.registry import load_configured
-from reinforge.errors import UsageError
+from reinforge.errors import ConfigError, UsageError
+from reinforge.orchestrate.config import (
+    AsyncLoop,
+    InProcessEngine,
+    PartialLoop,
+    Resources,
+    ServedEngine,
+    SpawnedEngines,
+    SyncLoop,
+)
 from reinforge.policy.models import resolve_device
 from reinforge.train.algorithm import ConstantNorm
 from reinforge.train.config import TrainerConfig
@@ -128,3 +137,143 @@ def test_options_may_sit_between_positional_arguments():
     assert args.resume and str(args.config) == "run.toml" and args.overrides == ["run.steps=3"]
     args = parse(build_parser(), ["eval", "arithmetic", "--tasks", "2", "eval.seed=1"])
     assert args.env == "arithmetic" and args.overrides == ["eval.seed=1"]
+
+
+def test_every_example_config_loads_and_the_main_job_runs_in_one_process():
+    for path in sorted((ROOT / "examples").glob("*.toml")):
+        load_config(Config, path, [])
+    main_job = load_config(Config, ROOT / "examples" / "arithmetic.toml", [])
+    assert main_job.loop == SyncLoop() and main_job.engines == InProcessEngine()
+
+
+def test_the_loop_and_the_engines_are_variants_chosen_by_their_tag():
+    def load(*overrides: str) -> Config:
+        return load_config(Config, None, list(overrides))
+
+    assert load("loop.mode=async", "loop.max_staleness=2").loop == AsyncLoop(max_staleness=2)
+    partial = load("loop.mode=partial", "loop.pause_lease_s=60", "loop.uniform_redraws=2")
+    assert partial.loop == PartialLoop(pause_lease_s=60.0, uniform_redraws=2)
+    assert load("loop.max_error_rate=0.5").loop == SyncLoop(max_error_rate=0.5)  # no tag
+    served = load("engines.kind=served", "engines.url=http://127.0.0.1:8000/v1", "engines.token=t")
+    assert served.engines == ServedEngine(url="http://127.0.0.1:8000/v1", token="t")
+    spawned = load("engines.kind=spawned", "engines.count=2", "engines.resources.gpus=1")
+    assert spawned.engines == SpawnedEngines(count=2, resources=Resources(gpus=1.0))
+    assert load("engines.kind=spawned").engines == SpawnedEngines()
+
+
+SERVED = ["engines.kind=served", "engines.url=http://x/v1"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "holders", "chosen"),
+    [
+        (
+            ["loop.max_staleness=2"],
+            "loop.max_staleness",
+            'loop.mode = "async" or "partial"',
+            "sync",
+        ),
+        (["loop.pause_lease_s=60"], "loop.pause_lease_s", 'loop.mode = "partial"', "sync"),
+        (
+            ["loop.mode=async", "loop.pause_lease_s=60"],
+            "loop.pause_lease_s",
+            'loop.mode = "partial"',
+            "async",
+        ),
+        (["engines.url=http://x/v1"], "engines.url", 'engines.kind = "served"', "in_process"),
+        (["engines.token=t"], "engines.token", 'engines.kind = "served"', "in_process"),
+        (["engines.count=2"], "engines.count", 'engines.kind = "spawned"', "in_process"),
+        (["engines.restarts=0"], "engines.restarts", 'engines.kind = "spawned"', "in_process"),
+        (
+            ["engines.resources.gpus=1"],
+            "engines.resources",
+            'engines.kind = "spawned"',
+            "in_process",
+        ),
+        ([*SERVED, "engines.count=2"], "engines.count", 'engines.kind = "spawned"', "served"),
+        ([*SERVED, "engines.restarts=0"], "engines.restarts", 'engines.kind = "spawned"', "served"),
+        (
+            ["engines.kind=spawned", "engines.url=x"],
+            "engines.url",
+            'engines.kind = "served"',
+            "spawned",
+        ),
+        (
+            ["engines.kind=spawned", "engines.token=t"],
+            "engines.token",
+            'engines.kind = "served"',
+            "spawned",
+        ),
+    ],
+)
+def test_a_key_of_another_variant_is_one_line_naming_the_variants_that_hold_it(
+    overrides, key, holders, chosen, capsys
+):
+    error = f'config {key}: a key of {holders}, not of "{chosen}"'
+    with pytest.raises(ConfigError) as refused:
+        load_config(Config, None, overrides)
+    assert str(refused.value) == error
+    assert main(["train", *overrides]) == 2  # as a user meets it: one line, no traceback
+    assert capsys.readouterr().err == f"reinforge train: error: {error}\n"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error"),
+    [
+        (["loop.mode=partial", "loop.url=x"], "loop.url: unknown key"),
+        (["loop.mode=sometimes"], "loop.mode: 'sometimes' is none of 'sync', 'async', 'partial'"),
+        (
+            ["engines.kind=local"],
+            "engines.kind: 'local' is none of 'in_process', 'served', 'spawned'",
+        ),
+        (["engines.kind=served"], "engines.url: Field required"),
+    ],
+)
+def test_an_unknown_key_or_tag_of_a_variant_is_one_line(overrides, error):
+    with pytest.raises(ConfigError) as refused:
+        load_config(Config, None, overrides)
+    assert str(refused.value) == f"config {error}"
+
+
+@pytest.mark.parametrize(
+    ("toml", "key", "new", "kind"),
+    [
+        ('[loop]\nengine_url = "http://x/v1"', "loop.engine_url", "engines.url", "served"),
+        ('[loop]\nengine_token = "t"', "loop.engine_token", "engines.token", "served"),
+        ("[rollout]\nengines = 2", "rollout.engines", "engines.count", "spawned"),
+        (
+            "[rollout]\nengine_restarts = 0",
+            "rollout.engine_restarts",
+            "engines.restarts",
+            "spawned",
+        ),
+        ("[cluster.engine]\ngpus = 1", "cluster.engine", "engines.resources", "spawned"),
+    ],
+)
+def test_a_moved_key_is_one_line_naming_its_new_key(toml, key, new, kind, tmp_path, capsys):
+    error = f'config {key}: moved to {new} (with engines.kind = "{kind}")'
+    path = tmp_path / "old.toml"
+    path.write_text(toml + "\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(Config, path, [])
+    assert str(refused.value) == error
+    assert main(["train", str(path)]) == 2
+    assert capsys.readouterr().err == f"reinforge train: error: {error}\n"
+    section, _, rest = toml.partition("]\n")
+    override = f"{section[1:]}.{rest.replace(' = ', '=')}"  # the same key as an override
+    with pytest.raises(ConfigError, match=f"^config {key}: moved to {new} "):
+        load_config(Config, None, [override])
+
+
+def test_a_sharded_trainer_samples_from_spawned_engines():
+    sharded = load_config(Config, None, ["trainer.world_size=2"])
+    assert sharded.engines == SpawnedEngines()  # its weights are not in the run's process
+    served = load_config(Config, None, ["trainer.world_size=2", *SERVED])
+    assert isinstance(served.engines, ServedEngine)
+    with pytest.raises(ConfigError) as refused:
+        load_config(Config, None, ["trainer.world_size=2", "engines.kind=in_process"])
+    assert str(refused.value) == (
+        'config: engines.kind is "in_process": a sharded trainer (trainer.world_size 2) holds '
+        'its weights in its ranks, not in the run\'s process; use engines.kind = "spawned" '
+        '(its default) or "served"'
+    )

@@ -143,8 +143,9 @@ def test_a_run_trains_against_reinforge_serve(server, tmp_path, mode):
         "run.steps=3",
         f"loop.mode={mode}",
         "loop.max_staleness=1",
-        f"loop.engine_url={server}/v1",
-        f"loop.engine_token={TOKEN}",
+        "engines.kind=served",
+        f"engines.url={server}/v1",
+        f"engines.token={TOKEN}",
     )
     process = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert process.returncode == 0, process.stderr
@@ -158,9 +159,8 @@ def test_a_run_trains_against_reinforge_serve(server, tmp_path, mode):
 
 
 def test_a_wrong_token_is_one_clear_line(server, tmp_path):
-    argv = tiny_train(
-        tmp_path, "loop.mode=async", f"loop.engine_url={server}/v1", "loop.engine_token=nope"
-    )
+    served = ["engines.kind=served", f"engines.url={server}/v1", "engines.token=nope"]
+    argv = tiny_train(tmp_path, "loop.mode=async", *served)
     handoff = Path("/dev/shm")
     before = set(handoff.glob("reinforge-weights-*"))
     process = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)

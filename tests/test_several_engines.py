@@ -1,6 +1,6 @@
-"""`rollout.engines = 2`: the run starts two `reinforge serve` processes, routes its episodes
-over them, syncs the weights to both each step, and leaves no engine behind, however it
-ends. Real processes and the tiny model throughout."""
+"""`engines.kind = "spawned"`, `engines.count = 2`: the run starts two `reinforge serve`
+processes, routes its episodes over them, syncs the weights to both each step, and leaves
+no engine behind, however it ends. Real processes and the tiny model throughout."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import torch
 
 from reinforge.config import Config, ServeConfig, load_config
 from reinforge.errors import ConfigError, UsageError
+from reinforge.orchestrate.config import SpawnedEngines
 from reinforge.orchestrate.engine_processes import EngineProcesses, settings_toml
 from reinforge.orchestrate.engines import open_engine
 from reinforge.policy.models import load_model
@@ -26,6 +27,8 @@ from reinforge.train.trainer import Trainer
 from .commands import ROOT, kill_after, tiny_train
 from .conftest import require_vllm
 from .test_remote_engine import assert_samples_with
+
+TWO = ("engines.kind=spawned", "engines.count=2")
 
 
 def holding(folder: Path) -> set[int]:
@@ -54,7 +57,7 @@ def _rows(run: Path) -> list[dict]:
 
 @pytest.mark.parametrize("mode", ["sync", "async", "partial"])
 def test_a_run_samples_from_two_engines_and_syncs_both(tmp_path, mode):
-    argv = tiny_train(tmp_path, "run.steps=3", "rollout.engines=2", f"loop.mode={mode}")
+    argv = tiny_train(tmp_path, "run.steps=3", *TWO, f"loop.mode={mode}")
     process = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert process.returncode == 0, process.stderr
     run = tmp_path / "r"
@@ -77,7 +80,7 @@ def test_a_run_samples_from_two_engines_and_syncs_both(tmp_path, mode):
 
 def test_a_run_samples_from_two_vllm_engines_and_syncs_both(tmp_path):
     require_vllm()
-    argv = tiny_train(tmp_path, "model.engine=vllm", "rollout.engines=2")
+    argv = tiny_train(tmp_path, "model.engine=vllm", *TWO)
     process = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert process.returncode == 0, process.stderr[-3000:]
     rows = _rows(tmp_path / "r")
@@ -96,7 +99,7 @@ def test_a_run_samples_from_two_vllm_engines_and_syncs_both(tmp_path):
 def test_the_main_job_runs_on_two_engines(tmp_path):
     # Nothing trains (a random model never answers arithmetic), so this is sampling only.
     argv = [sys.executable, "-m", "reinforge", "train", str(ROOT / "examples" / "arithmetic.toml"),
-            "model.name=tiny-random", "run.steps=3", "rollout.engines=2",
+            "model.name=tiny-random", "run.steps=3", *TWO,
             f"run.dir={tmp_path}", "run.name=r"]  # fmt: skip
     process = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert process.returncode == 0, process.stderr
@@ -106,7 +109,7 @@ def test_the_main_job_runs_on_two_engines(tmp_path):
 
 
 def test_a_killed_run_leaves_no_engine(tmp_path):
-    argv = tiny_train(tmp_path, "run.steps=50", "rollout.engines=2")
+    argv = tiny_train(tmp_path, "run.steps=50", *TWO)
     killed = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     kill_after(killed, tmp_path / "r" / "metrics.jsonl", 1)  # SIGKILL: no cleanup of its own
     assert gone(tmp_path / "r" / "engines")
@@ -123,7 +126,7 @@ def _kill_engine_once_stepped(run: subprocess.Popen[str], folder: Path, index: i
 
 
 def test_an_engine_killed_mid_run_is_restarted_and_no_rollout_fails(tmp_path):
-    argv = tiny_train(tmp_path, "run.steps=4", "rollout.engines=2")
+    argv = tiny_train(tmp_path, "run.steps=4", *TWO)
     run = subprocess.Popen(
         argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
@@ -144,7 +147,7 @@ def test_an_engine_killed_mid_run_is_restarted_and_no_rollout_fails(tmp_path):
 
 
 def test_an_engine_that_dies_past_the_bound_stops_the_run_in_one_line(tmp_path):
-    argv = tiny_train(tmp_path, "run.steps=50", "rollout.engines=2", "rollout.engine_restarts=0")
+    argv = tiny_train(tmp_path, "run.steps=50", *TWO, "engines.restarts=0")
     run = subprocess.Popen(
         argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
@@ -152,15 +155,13 @@ def test_an_engine_that_dies_past_the_bound_stops_the_run_in_one_line(tmp_path):
     _, stderr = run.communicate(timeout=300)
     assert run.returncode == 2, stderr
     assert "engine 1 exited with code -9 after 0 restarts" in stderr
-    assert "(rollout.engine_restarts = 0): stopping the run" in stderr
+    assert "(engines.restarts = 0): stopping the run" in stderr
     assert "Traceback" not in stderr
     assert gone(tmp_path / "r" / "engines")
 
 
 async def test_after_a_sync_both_engines_sample_the_pushed_weights(tmp_path):
-    config = load_config(
-        Config, None, ["model.name=tiny-random", "rollout.engines=2", f"run.dir={tmp_path}"]
-    )
+    config = load_config(Config, None, ["model.name=tiny-random", *TWO, f"run.dir={tmp_path}"])
     model, tokenizer = load_model("tiny-random")
     trainer = Trainer(model, config.trainer, config.optim, total_steps=1)
     engine = await open_engine(config, trainer, tokenizer, version=0)
@@ -180,24 +181,28 @@ async def test_after_a_sync_both_engines_sample_the_pushed_weights(tmp_path):
 
 async def test_an_engine_that_cannot_start_is_one_line_and_leaves_none_behind(tmp_path):
     missing = tmp_path / "no-model"
-    overrides = [f"model.name={missing}", "rollout.engines=2", f"run.dir={tmp_path}"]
+    overrides = [f"model.name={missing}", f"run.dir={tmp_path}"]
     config = load_config(Config, None, overrides)
     expected = "engine 0 .reinforge serve. exited with code 2 before it answered: reinforge serve"
     with pytest.raises(UsageError, match=expected) as raised:
-        await EngineProcesses.start(config)
+        await EngineProcesses.start(config, SpawnedEngines(count=2))
     assert f"unknown model '{missing}'" in str(raised.value)
     assert not holding(tmp_path / "run" / "engines")
 
 
 def test_each_engine_serves_the_runs_settings(tmp_path):
     overrides = ["model.name=tiny-random", "engine.dtype=bfloat16", "engine.vllm.compile=true",
-                 "rollout.sampling.temperature=0.7", "rollout.engines=2"]  # fmt: skip
+                 "rollout.sampling.temperature=0.7", *TWO]  # fmt: skip
     config = load_config(Config, None, overrides)
     wanted = EngineProcesses([1, 2], tmp_path, config).serve
     assert ServeConfig.model_validate(tomllib.loads(settings_toml(wanted))) == wanted
     assert wanted.engine == config.engine and wanted.server.sampling.temperature == 0.7
 
 
-def test_an_engine_url_and_several_engines_are_refused_at_load():
-    with pytest.raises(ConfigError, match="set one or the other"):
-        load_config(Config, None, ["rollout.engines=2", "loop.engine_url=http://x:1/v1"])
+def test_a_served_engine_takes_no_count():
+    served = ["engines.kind=served", "engines.url=http://x:1/v1", "engines.count=2"]
+    with pytest.raises(ConfigError) as refused:
+        load_config(Config, None, served)
+    assert str(refused.value) == (
+        'config engines.count: a key of engines.kind = "spawned", not of "served"'
+    )

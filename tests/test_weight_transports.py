@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import torch
 
 from reinforge.config import Config, load_config
+from reinforge.errors import ConfigError
 from reinforge.orchestrate.cluster import open_cluster
 from reinforge.orchestrate.engines import RemoteEngine, open_engine
 from reinforge.policy.models import load_model
@@ -43,8 +45,9 @@ def test_buckets_give_back_every_tensor_cast_and_aligned():
 
 def test_the_object_store_carries_the_weights_to_every_engine_and_a_rejoining_one(tmp_path):
     require_extra("ray", "ray")
-    overrides = ["model.name=tiny-random", "rollout.engines=2", f"run.dir={tmp_path}",
-                 "cluster.backend=ray", "cluster.weight_sync=object_store"]  # fmt: skip
+    overrides = ["model.name=tiny-random", f"run.dir={tmp_path}", "cluster.backend=ray",
+                 "engines.kind=spawned", "engines.count=2",
+                 "engines.weight_sync=object_store"]  # fmt: skip
     config = load_config(Config, None, overrides)
     model, tokenizer = load_model("tiny-random")
     trainer = Trainer(model, config.trainer, config.optim, total_steps=1)
@@ -81,9 +84,9 @@ def test_the_object_store_carries_the_weights_to_every_engine_and_a_rejoining_on
 
 def test_the_object_store_casts_to_the_engines_dtype(tmp_path):
     require_extra("ray", "ray")
-    overrides = ["model.name=tiny-random", "rollout.engines=2", f"run.dir={tmp_path}",
-                 "cluster.backend=ray", "cluster.weight_sync=object_store",
-                 "engine.dtype=bfloat16"]  # fmt: skip
+    overrides = ["model.name=tiny-random", f"run.dir={tmp_path}", "cluster.backend=ray",
+                 "engines.kind=spawned", "engines.count=2",
+                 "engines.weight_sync=object_store", "engine.dtype=bfloat16"]  # fmt: skip
     config = load_config(Config, None, overrides)
     model, tokenizer = load_model("tiny-random")
     trainer = Trainer(model, config.trainer, config.optim, total_steps=1)
@@ -97,3 +100,10 @@ def test_the_object_store_casts_to_the_engines_dtype(tmp_path):
                 await engine.aclose()
 
     assert asyncio.run(push()) == 2 * sum(p.numel() * 2 for p in model.parameters())
+
+
+def test_the_object_store_is_refused_without_ray(tmp_path):
+    """Processes of this machine would take a file whatever the config said."""
+    overrides = ["engines.kind=spawned", "engines.weight_sync=object_store"]
+    with pytest.raises(ConfigError, match='needs cluster.backend = "ray"$'):
+        load_config(Config, None, overrides)

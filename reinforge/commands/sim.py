@@ -36,7 +36,7 @@ FLAGS = (
     Flag("--dtype", "engine.dtype", "{float32,bfloat16}"),
     Flag("--from-run", "sim.from_run", "RUN_DIR"),
     Flag("--mode", "sim.modes", "MODE[,MODE]"),
-    Flag("--max-staleness", "loop.max_staleness", "S"),
+    Flag("--max-staleness", "sim.max_staleness", "S"),
     Flag("--devices", "sim.devices", "N"),
     Flag("--samplers", "sim.samplers", "S"),
     Flag("--tasks", "rollout.tasks_per_step", "N"),
@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="calibrate: time the engine (decode step against batch size) and the trainer "
         "here, and write the profile; predict (the default): simulate each mode and split",
     )
-    add_flag_arguments(parser, SimConfig, FLAGS, "loop.max_staleness=2 sim.replay=true")
+    add_flag_arguments(parser, SimConfig, FLAGS, "sim.max_staleness=2 sim.replay=true")
     parser.add_argument("--json", action="store_true", help="predict: print JSON")
     parser.set_defaults(func=run)
 

@@ -1,10 +1,10 @@
-"""Where a run's processes go (`cluster.backend`): its trainer ranks and its engines, as
+"""Where a run's processes go (`cluster.backend`): its trainer ranks and spawned engines, as
 processes of this machine, or as Ray actors placed on a cluster (`orchestrate/ray_cluster`).
 
 The loop sees only what either gives it: a `PolicyTrainer` (one in this process when
 `trainer.world_size` is 1, else `TrainerRanks` over the ranks) and an engine launcher
 (URLs, a weights token, restart and stop), so a config runs on one machine or a cluster
-unchanged but for the `cluster` keys.
+unchanged but for the `cluster` keys and `engines.resources`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from reinforge.config import Config
+from reinforge.orchestrate.config import SpawnedEngines
 from reinforge.orchestrate.engine_processes import EngineLauncher, EngineProcesses
 from reinforge.train.config import TrainerConfig
 from reinforge.train.ranks import LocalRanks, Ranks
@@ -27,8 +28,8 @@ class Cluster(Protocol):
         """`config.world_size` ranks, each holding `factory(rank, *args)`."""
         ...
 
-    async def engines(self, config: Config) -> EngineLauncher:
-        """The run's own engines, started and answering."""
+    async def engines(self, config: Config, spawned: SpawnedEngines) -> EngineLauncher:
+        """The run's `spawned` engines, started and answering."""
         ...
 
 
@@ -38,8 +39,8 @@ class LocalCluster:
     def ranks(self, config: TrainerConfig, factory: Any, *args: Any) -> Ranks:
         return LocalRanks(config, factory, *args)
 
-    async def engines(self, config: Config) -> EngineLauncher:
-        return await EngineProcesses.start(config)
+    async def engines(self, config: Config, spawned: SpawnedEngines) -> EngineLauncher:
+        return await EngineProcesses.start(config, spawned)
 
 
 @contextmanager

@@ -1,14 +1,17 @@
-"""The orchestrator's config sections: the run (directory, length, cadence) and the loop
-(how rollouts and training interleave)."""
+"""The orchestrator's config sections: the run (directory, length, cadence), the loop (how
+rollouts and training interleave), the engines (where the policy samples) and the cluster
+(where the run's processes go). The loop and the engines are variants, tagged by
+`loop.mode` and `engines.kind`: a key belongs to the variants it applies to, so a key that
+would change nothing cannot be written."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, Tag
 
-from reinforge.types import Section
+from reinforge.types import Section, tagged
 
 
 class RunConfig(Section):
@@ -36,20 +39,9 @@ class RunConfig(Section):
     `name`)."""
 
 
-class LoopConfig(Section):
-    """How rollouts and training interleave. In every mode a token trained at trainer
-    version V was sampled by version V - max_staleness or later."""
+class _Loop(Section):
+    """The keys of every loop mode."""
 
-    mode: Literal["sync", "async", "partial"] = "sync"
-    """sync: each step samples its groups with the current weights, trains, syncs (on-policy;
-    max_staleness does not apply). async: the rollout side runs up to max_staleness steps
-    ahead and keeps generating while the trainer trains; a step trains on the first groups
-    to finish. partial: as async, but the engine pauses while the trainer trains and the
-    rollouts still in flight continue under the new weights (carried over)."""
-    max_staleness: int = Field(1, ge=0)
-    """In policy versions: a group holding a token sampled more than this many versions
-    before the trainer's is dropped (counted), never trained. It also bounds how far ahead
-    the rollout side runs: at most (max_staleness + 1) steps of groups in flight."""
     uniform_redraws: int = Field(0, ge=0)
     """Dynamic sampling (DAPO's): each step may set aside up to this many groups whose
     rewards are all equal and that no teacher scores (they would train nothing) and draw
@@ -65,15 +57,56 @@ class LoopConfig(Section):
     rollout an error) ends the run at its first step instead of passing for a hard task.
     Timeouts count too: a status cannot tell a slow policy from a hung sandbox. Raise it for
     an environment known to fail now and then."""
-    engine_url: str | None = None
-    """The /v1 URL of a `reinforge serve` on this machine to sample from, e.g.
-    http://127.0.0.1:8000/v1; None: an engine in this process."""
-    engine_token: str | None = None
-    """The `server.weights_token` that server was started with."""
+
+    @property
+    def staleness_bound(self) -> int:
+        """The most policy versions a trained token may lag the trainer's."""
+        return 0
+
+
+class SyncLoop(_Loop):
+    """Each step samples its groups with the current weights, trains, syncs: on-policy,
+    so no staleness to bound."""
+
+    mode: Literal["sync"] = "sync"
+
+
+class _OffPolicyLoop(_Loop):
+    max_staleness: int = Field(1, ge=0)
+    """In policy versions: a group holding a token sampled more than this many versions
+    before the trainer's is dropped (counted), never trained. It also bounds how far ahead
+    the rollout side runs: at most (max_staleness + 1) steps of groups in flight."""
+
+    @property
+    def staleness_bound(self) -> int:
+        return self.max_staleness
+
+
+class AsyncLoop(_OffPolicyLoop):
+    """The rollout side runs up to max_staleness steps ahead and keeps generating while the
+    trainer trains; a step trains on the first groups to finish."""
+
+    mode: Literal["async"] = "async"
+
+
+class PartialLoop(_OffPolicyLoop):
+    """As async, but the engines pause while the trainer trains, and the rollouts still in
+    flight continue under the new weights (carried over)."""
+
+    mode: Literal["partial"] = "partial"
     pause_lease_s: float = Field(600.0, gt=0.0)
-    """Partial mode with `engine_url`: the longest the server holds decoding for one
-    training step. Past it decoding resumes on its own, so a trainer that dies mid-step
-    does not stop the engine for good; keep it above the slowest step's training."""
+    """With served or spawned engines: the longest a server holds decoding for one training
+    step. Past it decoding resumes on its own, so a trainer that dies mid-step does not
+    stop the engines for good; keep it above the slowest step's training. (An engine in the
+    run's process pauses for exactly the step.)"""
+
+
+LoopConfig = Annotated[
+    Annotated[SyncLoop, Tag("sync")]
+    | Annotated[AsyncLoop, Tag("async")]
+    | Annotated[PartialLoop, Tag("partial")],
+    tagged("mode", "sync"),
+]
 
 
 class Resources(Section):
@@ -88,23 +121,70 @@ class Resources(Section):
     """Memory Ray reserves for the process; None: none reserved."""
 
 
-class ClusterConfig(Section):
-    """Where a run's processes go: its trainer ranks (`trainer.world_size`) and its engines
-    (`rollout.engines`, or one for a sharded trainer)."""
+class InProcessEngine(Section):
+    """One engine in the run's own process, beside a trainer of one process. The built-in
+    engine at `engine.dtype = "float32"` runs the trainer's own model: no second copy of
+    the weights, and the optimizer step, made under the engine's lock, is the sync. Any
+    other (bfloat16, vLLM) keeps its own copy, refreshed after each step. A sharded
+    trainer's weights are not in the run's process: it samples from spawned or served
+    engines."""
 
-    backend: Literal["local", "ray"] = "local"
-    """local: processes of this machine. ray: Ray actors, each with the resources below,
-    in placement groups (`pip install 'reinforge[ray]'`)."""
-    address: str = ""
-    """Ray: the cluster to join, e.g. "auto" for the one this machine belongs to; empty:
-    a cluster of this machine alone, started for the run and stopped with it."""
-    engine: Resources = Field(default_factory=Resources)
+    kind: Literal["in_process"] = "in_process"
+
+
+class ServedEngine(Section):
+    """One `reinforge serve` that the user started on this machine (the weights reach it as
+    a file), started with `server.weights_token`; after each step the trainer pushes its
+    weights to it. The run neither starts, restarts nor stops it."""
+
+    kind: Literal["served"] = "served"
+    url: str
+    """Its /v1 URL, e.g. http://127.0.0.1:8000/v1."""
+    token: str | None = None
+    """The `server.weights_token` it was started with."""
+
+
+class SpawnedEngines(Section):
+    """`reinforge serve` processes that the run starts with its model, engine and sampling
+    settings, where `cluster.backend` puts them, and stops when it ends. Each episode goes
+    to the least-loaded one (its later turns stay there), the weights go to all of them
+    after each step, and one that dies is restarted while its episodes' turns go to the
+    others."""
+
+    kind: Literal["spawned"] = "spawned"
+    count: int = Field(1, ge=1)
+    """Engine processes."""
+    restarts: int = Field(3, ge=0)
+    """How many times, all engines together, the run restarts an engine whose process died
+    or stopped answering; one more death stops the run. 0: the first death stops it."""
+    resources: Resources = Field(default_factory=Resources)
     """Each engine's resources."""
-    rank: Resources = Field(default_factory=Resources)
-    """Each trainer rank's resources."""
     weight_sync: Literal["file", "object_store"] = "file"
-    """How new weights reach the run's engines. file: one safetensors file of the run's
-    machine that every engine loads by its path. object_store (Ray): cast to
+    """How new weights reach the engines. file: one safetensors file of the run's node
+    that every engine loads by its path. object_store (`cluster.backend = "ray"`): cast to
     `engine.dtype`, packed in buckets and put once in Ray's object store, from which each
     engine's actor takes them on its own node and hands them to its engine over localhost;
     no path crosses nodes, and a restarted engine catches up from the last push kept there."""
+
+
+EnginesConfig = Annotated[
+    Annotated[InProcessEngine, Tag("in_process")]
+    | Annotated[ServedEngine, Tag("served")]
+    | Annotated[SpawnedEngines, Tag("spawned")],
+    tagged("kind", "in_process"),
+]
+
+
+class ClusterConfig(Section):
+    """Where a run's processes go: its trainer ranks (`trainer.world_size`) and its spawned
+    engines (`engines.kind = "spawned"`)."""
+
+    backend: Literal["local", "ray"] = "local"
+    """local: processes of this machine. ray: Ray actors, each with its resources
+    (`cluster.rank`, `engines.resources`), in placement groups (`pip install
+    'reinforge[ray]'`)."""
+    address: str = ""
+    """Ray: the cluster to join, e.g. "auto" for the one this machine belongs to; empty:
+    a cluster of this machine alone, started for the run and stopped with it."""
+    rank: Resources = Field(default_factory=Resources)
+    """Each trainer rank's resources."""

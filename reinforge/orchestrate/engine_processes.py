@@ -1,4 +1,4 @@
-"""The run's own engine processes (`rollout.engines` > 1): `reinforge serve` of the run's
+"""The run's own engine processes (`engines.kind = "spawned"`): `reinforge serve` of the run's
 model and engine settings, each on a free port of 127.0.0.1, taking weights with a token
 made for the run. Each writes its log to `<run dir>/engines/engine-<i>.log`.
 
@@ -31,6 +31,7 @@ import httpx
 
 from reinforge.config import Config, ServeConfig
 from reinforge.errors import UsageError
+from reinforge.orchestrate.config import SpawnedEngines
 from reinforge.orchestrate.weight_sync import EngineLinks, FilePush
 from reinforge.policy.config import ServerConfig
 
@@ -78,15 +79,15 @@ class EngineProcesses:
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
 
     @classmethod
-    async def start(cls, config: Config) -> EngineProcesses:
-        """Start `config.rollout.engines` engines and wait until each answers. Call it on
-        a thread that lives as long as the run (the event loop's): the parent-death
-        signal comes when the starting thread ends."""
+    async def start(cls, config: Config, spawned: SpawnedEngines) -> EngineProcesses:
+        """Start `spawned.count` engines of `config`'s settings and wait until each answers.
+        Call it on a thread that lives as long as the run (the event loop's): the
+        parent-death signal comes when the starting thread ends."""
         logs = config.run_dir / "engines"
         logs.mkdir(parents=True, exist_ok=True)
-        engines = cls(free_ports(config.rollout.engines), logs, config)
+        engines = cls(free_ports(spawned.count), logs, config)
         try:
-            await engines._launch(list(range(config.rollout.engines)))
+            await engines._launch(list(range(spawned.count)))
         except BaseException:
             engines.stop()
             raise

@@ -1,6 +1,5 @@
-"""Where the loop's policy samples: an engine in this process (the default), or `reinforge
-serve` processes on this machine (the one at `loop.engine_url`, or the `rollout.engines`
-the run starts).
+"""Where the loop's policy samples (`engines.kind`): an engine in this process (the
+default), or `reinforge serve` processes (one the user started, or those the run spawns).
 
 Either way the rollout side talks to the engines through the same server API, and the
 loop asks only for the router over their clients, the current policy version, the
@@ -17,6 +16,12 @@ from typing import Protocol
 from transformers import PreTrainedTokenizerBase
 
 from reinforge.config import Config
+from reinforge.orchestrate.config import (
+    InProcessEngine,
+    PartialLoop,
+    ServedEngine,
+    SpawnedEngines,
+)
 from reinforge.orchestrate.engine_processes import EngineLauncher, EngineProcesses
 from reinforge.orchestrate.weight_sync import (
     CopiedWeights,
@@ -33,6 +38,9 @@ from reinforge.policy.router import Router
 from reinforge.train.batching import TrainBatch
 from reinforge.train.trainable import full_weights
 from reinforge.train.trainer import PolicyTrainer, Trainer, TrainStats
+
+Launch = Callable[[Config, SpawnedEngines], Awaitable[EngineLauncher]]
+"""Starts a run's spawned engines: on this machine, or on a cluster."""
 
 
 class PolicyEngine(Protocol):
@@ -63,9 +71,10 @@ def train_and_sync(
 
 
 class LocalEngine:
-    """The engine in this process. The built-in fp32 engine runs the trainer's own model:
-    no second copy, and the optimizer step, made under the engine's lock, is the sync. A
-    bf16 engine, or vLLM, keeps its own copy, refreshed after each step."""
+    """The engine in this process (`engines.kind = "in_process"`). The built-in engine in
+    float32 runs the trainer's own model: no second copy, and the optimizer step, made
+    under the engine's lock, is the sync. A bfloat16 engine, or vLLM, keeps its own copy,
+    refreshed after each step."""
 
     def __init__(
         self,
@@ -76,7 +85,8 @@ class LocalEngine:
     ) -> None:
         self.engine: SamplingEngine
         self.sync: WeightSync
-        if config.model.engine == "builtin" and config.engine.dtype == "float32":
+        shares_weights = config.model.engine == "builtin" and config.engine.dtype == "float32"
+        if shares_weights:
             shared = Engine(trainer.model, tokenizer, config.model.name, config.engine)
             shared.version = version
             self.engine, self.sync = shared, SharedWeights(shared, trainer)
@@ -85,7 +95,7 @@ class LocalEngine:
             with full_weights(trainer.model) as weights:  # a checkpoint's or merged weights
                 self.engine.update_weights(weights, version)
             self.sync = CopiedWeights(self.engine)
-        self.pause_while_training = config.loop.mode == "partial"
+        self.pause_while_training = isinstance(config.loop, PartialLoop)
         self.router = Router([PolicyClient.for_engine(self.engine, config.rollout.sampling)])
 
     @property
@@ -139,7 +149,7 @@ class RemoteEngine:
         retries = 2 if processes is None else 0
         sampling = config.rollout.sampling
         clients = [await PolicyClient.for_url(url, sampling, max_retries=retries) for url in urls]
-        lease = config.loop.pause_lease_s if config.loop.mode == "partial" else None
+        lease = config.loop.pause_lease_s if isinstance(config.loop, PartialLoop) else None
         router = Router(clients, supervised=processes is not None)
         links = FilePush(urls, token, False) if processes is None else processes.weight_sync()
         engine = cls(router, links, lease, processes)
@@ -156,11 +166,12 @@ class RemoteEngine:
         config: Config,
         trainer: PolicyTrainer,
         version: int,
-        launch: Callable[[Config], Awaitable[EngineLauncher]] = EngineProcesses.start,
+        spawned: SpawnedEngines,
+        launch: Launch = EngineProcesses.start,
     ) -> RemoteEngine:
-        """Start the run's own `rollout.engines` engines (on this machine, or where
-        `launch` places them) and connect to them; they stop when it closes."""
-        processes = await launch(config)
+        """Start the run's own `spawned` engines (on this machine, or where `launch` places
+        them) and connect to them; they stop when it closes."""
+        processes = await launch(config, spawned)
         try:
             urls, token = processes.urls, processes.token
             return await cls.connect(config, trainer, version, urls, token, processes)
@@ -195,15 +206,15 @@ async def open_engine(
     trainer: PolicyTrainer,
     tokenizer: PreTrainedTokenizerBase,
     version: int,
-    launch: Callable[[Config], Awaitable[EngineLauncher]] = EngineProcesses.start,
+    launch: Launch = EngineProcesses.start,
 ) -> PolicyEngine:
-    """The engines `config` names, sampling the trainer's weights as `version`: the
-    server at `loop.engine_url`, else the `rollout.engines` processes the run starts
-    (always processes for a sharded trainer, whose weights are not in this process), else
-    one in this process. `launch` starts the run's own (the cluster's launcher)."""
-    if config.loop.engine_url is not None:
-        urls, token = [config.loop.engine_url], config.loop.engine_token
-        return await RemoteEngine.connect(config, trainer, version, urls, token)
-    if config.rollout.engines > 1 or not isinstance(trainer, Trainer):
-        return await RemoteEngine.start(config, trainer, version, launch)
-    return LocalEngine(config, trainer, tokenizer, version)
+    """The engines `config.engines` names, sampling the trainer's weights as `version`.
+    `launch` starts spawned ones (the cluster's launcher)."""
+    match config.engines:
+        case InProcessEngine():
+            assert isinstance(trainer, Trainer)  # `Config` refuses it for a sharded trainer
+            return LocalEngine(config, trainer, tokenizer, version)
+        case ServedEngine(url=url, token=token):
+            return await RemoteEngine.connect(config, trainer, version, [url], token)
+        case SpawnedEngines() as spawned:
+            return await RemoteEngine.start(config, trainer, version, spawned, launch)

@@ -15,8 +15,9 @@ engine decodes while the trainer trains:
 | partial | (max_staleness + 1) steps'  | paused; in-flight rollouts resume on the    |
 |         |                             | new weights (carried over)                  |
 
-The engine runs in this process, or as `reinforge serve` processes beside it, one or
-`rollout.engines` of them with each episode routed to one (`orchestrate/engines.py`);
+The engine runs in this process, or as `reinforge serve` processes beside it (`engines`):
+one the user started, or those the run spawns, each episode routed to one
+(`orchestrate/engines.py`);
 either way the trainer pushes its new weights one way to every engine
 (`orchestrate/weight_sync.py`), each takes them between two of its decode steps, and every
 sampled token records the version that produced it. The run's own engines are supervised:
@@ -207,11 +208,10 @@ class _Run:
         closing.callback(trainer.close)
         engine = await open_engine(config, trainer, tokenizer, start.version, cluster.engines)
         closing.push_async_callback(engine.aclose)
-        supervisor = Supervisor(engine, config.rollout.engine_restarts)
+        supervisor = Supervisor(engine, config.engines)
         watching = asyncio.create_task(supervisor.watch())
         closing.push_async_callback(_stop, watching)
-        bound = config.loop.max_staleness if config.loop.mode != "sync" else 0
-        outstanding = (bound + 1) * config.rollout.tasks_per_step
+        outstanding = (config.loop.staleness_bound + 1) * config.rollout.tasks_per_step
         rollouts = RolloutSide(
             env, engine.router, config.rollout, config.run.seed, outstanding, start.position
         )
@@ -227,7 +227,6 @@ class _Run:
         kinds give their slots back to the rollout side at once, so the next tasks start
         in their places. Should the engines' supervisor give up first, its error."""
         loop = self.config.loop
-        bound = loop.max_staleness if loop.mode != "sync" else 0
         version = self.engine.version
         kept: list[Finished] = []
         redrawn = dropped = 0
@@ -239,7 +238,7 @@ class _Run:
                 self.watching.result()  # raises: it never ends otherwise
             finished = next_group.result()
             oldest = finished.oldest_version
-            if oldest is not None and version - oldest > bound:
+            if oldest is not None and version - oldest > loop.staleness_bound:
                 dropped += 1
                 await self.rollouts.release(1)
                 continue

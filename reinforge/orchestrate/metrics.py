@@ -150,7 +150,7 @@ class StepMetrics(RolloutSummary):
     """In engine order (the `engine-<i>.log` of the run's own engines)."""
     restarts: int = 0
     """The run's engines restarted during the step, after their process died or stopped
-    answering (`rollout.engine_restarts` bounds them over the run)."""
+    answering (`engines.restarts` bounds them over the run)."""
     distill: DistillStats | None = None
     """None when the run does not distil (`distill` unset)."""
 

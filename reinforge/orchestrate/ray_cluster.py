@@ -1,5 +1,5 @@
-"""The Ray backend (`cluster.backend = "ray"`): the run's trainer ranks and engines as Ray
-actors, each with its `cluster.rank` or `cluster.engine` resources, one placement group per
+"""The Ray backend (`cluster.backend = "ray"`): the run's trainer ranks and spawned engines
+as Ray actors, each with its `cluster.rank` or `engines.resources`, one placement group per
 kind (packed: a rank's collectives and an engine's weight loads stay on few nodes).
 
 - **Ranks.** Each actor joins the process group (rendezvous at rank 0's node) and holds its
@@ -36,7 +36,7 @@ from safetensors.torch import load_file, save_file
 
 from reinforge.config import Config
 from reinforge.errors import UsageError
-from reinforge.orchestrate.config import Resources
+from reinforge.orchestrate.config import Resources, SpawnedEngines
 from reinforge.orchestrate.engine_processes import (
     START_S,
     STOP_S,
@@ -106,8 +106,8 @@ class RayCluster:
     def ranks(self, config: TrainerConfig, factory: Any, *args: Any) -> RayRanks:
         return RayRanks(self, config, factory, args)
 
-    async def engines(self, config: Config) -> RayEngines:
-        return await RayEngines.start(self, config)
+    async def engines(self, config: Config, spawned: SpawnedEngines) -> RayEngines:
+        return await RayEngines.start(self, config, spawned)
 
     def close(self) -> None:
         ray.shutdown()
@@ -160,8 +160,8 @@ def hidden_gpus(config: Config, cluster_gpus: float) -> str | None:
     processes: list[tuple[str, Resources, str]] = []
     if sharded:
         processes.append(("cluster.rank", config.cluster.rank, "trainer ranks"))
-    if config.loop.engine_url is None and (config.rollout.engines > 1 or sharded):
-        processes.append(("cluster.engine", config.cluster.engine, "engines"))  # open_engine's
+    if isinstance(config.engines, SpawnedEngines):
+        processes.append(("engines.resources", config.engines.resources, "engines"))
     blind = [(key, what) for key, resources, what in processes if resources.gpus == 0]
     if not blind:
         return None
@@ -178,10 +178,10 @@ def hidden_gpus(config: Config, cluster_gpus: float) -> str | None:
 
 def _asked(config: Config, resource: str) -> float:
     ranks = config.trainer.world_size if config.trainer.world_size > 1 else 0
-    engines = config.rollout.engines
-    return ranks * getattr(config.cluster.rank, resource) + engines * getattr(
-        config.cluster.engine, resource
-    )
+    asked = ranks * getattr(config.cluster.rank, resource)
+    if isinstance(config.engines, SpawnedEngines):
+        asked += config.engines.count * getattr(config.engines.resources, resource)
+    return asked
 
 
 class RankActor:
@@ -330,29 +330,29 @@ def _answers(port: int) -> bool:
 class RayEngines:
     """The run's engines as Ray actors; the `EngineLauncher` of a Ray run."""
 
-    def __init__(self, cluster: RayCluster, config: Config) -> None:
+    def __init__(self, cluster: RayCluster, config: Config, spawned: SpawnedEngines) -> None:
         self.cluster = cluster
         self.token = secrets.token_urlsafe(32)
         self.logs = config.run_dir / "engines"
         self.urls: list[str] = []
         self._settings = settings_toml(engine_settings(config, self.token))
-        self._group, self._options = cluster.place(
-            config.cluster.engine, config.rollout.engines, "engines"
-        )
+        self._group, self._options = cluster.place(spawned.resources, spawned.count, "engines")
         self._actors: list[Any] = []
-        self._ports: list[int | None] = [None] * config.rollout.engines
-        self._transport = config.cluster.weight_sync
+        self._ports: list[int | None] = [None] * spawned.count
+        self._transport = spawned.weight_sync
         self._dtype = getattr(torch, config.engine.dtype)
 
     @classmethod
-    async def start(cls, cluster: RayCluster, config: Config) -> RayEngines:
-        """`rollout.engines` engine actors, each answering."""
-        engines = cls(cluster, config)
+    async def start(
+        cls, cluster: RayCluster, config: Config, spawned: SpawnedEngines
+    ) -> RayEngines:
+        """`spawned.count` engine actors, each answering."""
+        engines = cls(cluster, config, spawned)
         engines.logs.mkdir(parents=True, exist_ok=True)
         try:
-            for index in range(config.rollout.engines):
+            for index in range(spawned.count):
                 engines._actors.append(engines._actor(index))
-            ports = await asyncio.to_thread(engines._started, range(config.rollout.engines))
+            ports = await asyncio.to_thread(engines._started, range(spawned.count))
         except BaseException:
             engines.stop()
             raise

@@ -1,4 +1,4 @@
-"""The run's engines brought back when they die: the supervisor of `rollout.engines` > 1.
+"""The run's engines brought back when they die: the supervisor of spawned engines.
 
 Twice a second it looks at every engine. One whose process exited, or that a request could
 not reach and that no longer answers `/health`, is taken out of the router and the weight
@@ -6,7 +6,7 @@ pushes, restarted on its port, handed the last push's weights and version, and o
 routed to again. Meanwhile its episodes' turns go to the other engines (`Router.lost`), so
 no rollout fails because an engine died and every token records the version that sampled
 it. Each restart is one line on stderr and counted in the step's metrics; the
-`rollout.engine_restarts` + 1st death stops the run with one line.
+`engines.restarts` + 1st death stops the run with one line.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import sys
 import httpx
 
 from reinforge.errors import UsageError
+from reinforge.orchestrate.config import EnginesConfig, SpawnedEngines
 from reinforge.orchestrate.engine_processes import EngineLauncher, answers
 from reinforge.orchestrate.engines import PolicyEngine, RemoteEngine
 from reinforge.orchestrate.weight_sync import EngineGone
@@ -26,11 +27,11 @@ WATCH_S = 0.5
 
 
 class Supervisor:
-    def __init__(self, engine: PolicyEngine, limit: int) -> None:
+    def __init__(self, engine: PolicyEngine, engines: EnginesConfig) -> None:
         self.engine = engine if isinstance(engine, RemoteEngine) else None
         """The run's own engines; None: nothing to supervise (an engine in this process, or
         one the user started)."""
-        self.limit = limit
+        self.limit = engines.restarts if isinstance(engines, SpawnedEngines) else 0
         self.restarts = 0
         self._reported = 0
 
@@ -74,7 +75,7 @@ class Supervisor:
         if self.restarts == self.limit:
             raise UsageError(
                 f"engine {index} {died} after {self.restarts} restarts of the run's engines "
-                f"(rollout.engine_restarts = {self.limit}): stopping the run (log: {log})"
+                f"(engines.restarts = {self.limit}): stopping the run (log: {log})"
             )
         self.restarts += 1
         print(

@@ -1,6 +1,6 @@
 """The simulator's config: the train tree (`Config`) plus a `sim` section.
 
-The loop's own settings (`loop.mode`, `loop.max_staleness`, `loop.uniform_redraws`,
+The loop's own settings (`loop.max_staleness`, `loop.uniform_redraws`,
 `rollout.tasks_per_step`, `rollout.rollouts_per_task`, `rollout.concurrency`,
 `engine.max_batch`, ...) are read from the same keys `reinforge train` reads, so a run's
 config file simulates as it trains; the `sim` section holds only what a run does not have:
@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from reinforge.config import Config
+from reinforge.orchestrate.config import AsyncLoop, SyncLoop
 from reinforge.types import Section
 
 Mode = Literal["sync", "async", "partial"]
@@ -83,7 +84,10 @@ class SimSection(Section):
     run at random."""
     workload: ParametricWorkload = Field(default_factory=ParametricWorkload)
     modes: list[Mode] = Field(default_factory=lambda: list(MODES))
-    """Loop modes to simulate; `loop.max_staleness` bounds async and partial."""
+    """Loop modes to simulate."""
+    max_staleness: int | None = Field(None, ge=0)
+    """The staleness bound of the simulated async and partial loops; None: the config's
+    `loop.max_staleness` when its loop is async or partial, else an async loop's default."""
     devices: int = Field(1, ge=1, le=64)
     """Devices to place. Every split is simulated: S samplers and devices - S trainers, and
     all of them sampling and training in turn (colocated, as one machine does)."""
@@ -151,7 +155,7 @@ class LoopShape:
     def of(cls, config: SimConfig, mode: Mode) -> LoopShape:
         return cls(
             mode=mode,
-            max_staleness=config.loop.max_staleness if mode != "sync" else 0,
+            max_staleness=0 if mode == "sync" else _off_policy_bound(config),
             uniform_redraws=config.loop.uniform_redraws,
             tasks_per_step=config.rollout.tasks_per_step,
             concurrency=config.rollout.concurrency,
@@ -159,3 +163,12 @@ class LoopShape:
             admit_group=config.engine.admit_group,
             admit_wait_steps=config.engine.admit_wait_steps,
         )
+
+
+def _off_policy_bound(config: SimConfig) -> int:
+    """The staleness bound of a simulated async or partial loop."""
+    if config.sim.max_staleness is not None:
+        return config.sim.max_staleness
+    if isinstance(config.loop, SyncLoop):  # an on-policy run: as it would run async
+        return AsyncLoop().max_staleness
+    return config.loop.max_staleness

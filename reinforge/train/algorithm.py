@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import replace
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Field, Tag
 
 from reinforge.train.advantages import dr_grpo_advantages, grpo_advantages
+from reinforge.types import tagged
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -28,18 +29,6 @@ if TYPE_CHECKING:
 
 class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
-
-def _kind_or(default: str) -> Discriminator:
-    """Choose a union member by its `kind`, taking `default` when the input names none, so
-    an override such as `loss.kl_coef=0.1` needs no `kind`."""
-
-    def kind(value: Any) -> str:
-        if isinstance(value, dict):
-            return value.get("kind", default)
-        return getattr(value, "kind", default)
-
-    return Discriminator(kind)
 
 
 # ---- advantages -------------------------------------------------------------------------
@@ -69,7 +58,7 @@ class DrGRPOAdvantage(_Config):
 
 AdvantageConfig = Annotated[
     Annotated[GRPOAdvantage, Tag("grpo")] | Annotated[DrGRPOAdvantage, Tag("dr_grpo")],
-    _kind_or("grpo"),
+    tagged("kind", "grpo"),
 ]
 
 
@@ -128,7 +117,7 @@ AggregationConfig = Annotated[
     Annotated[TokenMean, Tag("token_mean")]
     | Annotated[SequenceMean, Tag("sequence_mean")]
     | Annotated[ConstantNorm, Tag("constant_norm")],
-    _kind_or("token_mean"),
+    tagged("kind", "token_mean"),
 ]
 
 
@@ -222,7 +211,7 @@ CorrectionConfig = Annotated[
     Annotated[NoCorrection, Tag("none")]
     | Annotated[TruncatedIS, Tag("tis")]
     | Annotated[MaskedIS, Tag("mis")],
-    _kind_or("none"),
+    tagged("kind", "none"),
 ]
 
 
@@ -402,7 +391,7 @@ class SFTLoss(_Loss):
 
 LossConfig = Annotated[
     Annotated[PPOClipLoss, Tag("ppo_clip")] | Annotated[SFTLoss, Tag("sft")],
-    _kind_or("ppo_clip"),
+    tagged("kind", "ppo_clip"),
 ]
 
 

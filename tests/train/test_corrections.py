@@ -249,12 +249,12 @@ def test_the_correction_is_chosen_in_the_config():
 @pytest.mark.parametrize(
     ("overrides", "key", "problem"),
     [
-        (["kind=tis", "cap=0.5"], "tis.cap", "greater than or equal to 1"),
-        (["kind=mis", "low=3"], "mis.low", "less than 1"),  # low above high
-        (["kind=mis", "high=0.4"], "mis.high", "greater than 1"),  # high below low
-        (["kind=mis", "level=sentence"], "mis.level", "'token' or 'sequence'"),
-        (["cap=3"], "none.cap", "unknown key"),  # a cap without kind=tis
-        (["kind=is"], "correction", "'none', 'tis', 'mis'"),
+        (["kind=tis", "cap=0.5"], "correction.cap", "greater than or equal to 1"),
+        (["kind=mis", "low=3"], "correction.low", "less than 1"),  # low above high
+        (["kind=mis", "high=0.4"], "correction.high", "greater than 1"),  # high below low
+        (["kind=mis", "level=sentence"], "correction.level", "'token' or 'sequence'"),
+        (["cap=3"], "correction.cap", 'kind = "tis", not of "none"'),  # a cap without kind=tis
+        (["kind=is"], "correction.kind", "'is' is none of 'none', 'tis', 'mis'"),
     ],
 )
 def test_bad_corrections_are_rejected(overrides, key, problem):
