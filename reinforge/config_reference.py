@@ -35,6 +35,11 @@ line on stderr and exit code 2. A section that appears in several trees is the s
 with the same defaults. Variants (`kind = ...`) are chosen by their `kind`; an override
 that names no kind keeps the default variant. An override or a flag of a key the command
 does not read is refused the same way (the last section lists them).
+
+The knob budget: the `reinforge train` tree has {train_keys} keys (leaf keys, a variant's
+counted once however many variants hold it, `env.args` one key; `.ci/run` prints the
+count). Every key is one more thing a user reads past and a test must cover, so a new key
+replaces one, or its change says why it cannot.
 """
 
 UNREAD_HEADER = """
@@ -49,7 +54,7 @@ listed for a command decides; every key of no listed prefix is read.
 
 
 def reference() -> str:
-    parts = [HEADER]
+    parts = [HEADER.format(train_keys=train_keys())]
     for title, root in ROOTS:
         parts.append(f"\n## `{title}`: `{root.__name__}`")
         parts.extend(_section(root, ""))
@@ -59,6 +64,25 @@ def reference() -> str:
             key = f"`{prefix}`" if prefix else "(any key)"
             parts.append(f"| `reinforge {command}` | {key} | {why or 'read'} |")
     return "\n".join(parts)
+
+
+def train_keys() -> int:
+    """The knob budget's count: the keys of `reinforge train`'s tree (`.ci/run` prints it)."""
+    return len(leaf_keys(Config))
+
+
+def leaf_keys(model: type[BaseModel], prefix: str = "") -> set[str]:
+    """The dotted keys a user can set in `model`'s tree: the knob budget counts them. A
+    key that several variants of a section hold (each one's `kind`) is one knob."""
+    keys: set[str] = set()
+    for name, info in model.model_fields.items():
+        nested = _models(info.annotation)
+        if nested:
+            for section in nested:
+                keys |= leaf_keys(section, f"{prefix}{name}.")
+        else:
+            keys.add(f"{prefix}{name}")
+    return keys
 
 
 def _section(model: type[BaseModel], prefix: str) -> list[str]:
