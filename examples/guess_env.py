@@ -10,6 +10,8 @@ uses up one of its tries; the episode ends at the right answer or after the last
 import random
 from typing import Any
 
+from pydantic import Field
+
 from reinforge.envs import (
     Continue,
     Environment,
@@ -22,7 +24,7 @@ from reinforge.envs import (
     tool,
 )
 from reinforge.envs.parsers import extract_tag, last_integer
-from reinforge.types import Task
+from reinforge.types import Section, Task
 
 PROMPT = (
     "I am thinking of a whole number from 1 to {high}. Call the compare tool to narrow it "
@@ -93,12 +95,17 @@ class GuessNumber(Environment):
         return Continue([{"role": "user", "content": f"{number} is wrong. Tries left: {left}."}])
 
 
-def load_environment(high: int = 100, tries: int = 3, max_turns: int = 12) -> GuessNumber:
-    if high < 2 or tries < 1:
-        raise ValueError(f"need high >= 2 and tries >= 1, got high={high}, tries={tries}")
+class Args(Section):
+    high: int = Field(100, ge=2)
+    """The secret is a whole number from 1 to high."""
+    tries: int = Field(3, ge=1)
+    """Answers the model may give."""
+
+
+def load_environment(args: Args) -> GuessNumber:
     return GuessNumber(
-        high,
-        tries,
-        harness=Harness(tools=[compare], max_turns=max_turns, max_tokens_per_turn=64),
+        args.high,
+        args.tries,
+        harness=Harness(tools=[compare], max_turns=12, max_tokens_per_turn=64),
         rubric=Rubric(Reward(found), Reward(first_try, weight=0.2)),
     )

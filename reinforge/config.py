@@ -155,7 +155,6 @@ UNREAD: dict[str, dict[str, str | None]] = {
         "engines": _SAMPLES_NOTHING,
         "trainer.algorithm.advantage": _RL_ONLY,
         "trainer.truncated": _RL_ONLY,
-        "trainer.truncation_penalty": _RL_ONLY,
         "trainer.uniform_groups": _RL_ONLY,
     },
     "serve": {"model.served_name": _EVAL_ONLY},
@@ -184,7 +183,6 @@ UNREAD: dict[str, dict[str, str | None]] = {
         "engine.admit_wait_steps": None,
         "trainer": _CALIBRATED,
         "trainer.truncated": None,
-        "trainer.truncation_penalty": None,
         "optim": _CALIBRATED,
         "env.max_tokens_per_turn": None,
         "rollout.tasks_per_step": None,
@@ -210,6 +208,7 @@ MOVED: dict[str, tuple[str, str]] = {
     "rollout.engines": ("engines.count", 'engines.kind = "spawned"'),
     "rollout.engine_restarts": ("engines.restarts", 'engines.kind = "spawned"'),
     "cluster.engine": ("engines.resources", 'engines.kind = "spawned"'),
+    "trainer.truncation_penalty": ("trainer.truncated.reward", 'kind = "penalize"'),
 }
 """Keys that moved, each with its new key and the variant that holds it: a config that
 sets one is refused in one line naming the new key."""

@@ -38,6 +38,11 @@ an override that names no tag keeps the default variant, and a key of another va
 refused, naming the variants that hold it. An override or a flag of a key the command does
 not read is refused the same way, and so is a key that moved (the last sections list
 them).
+
+The knob budget: the `reinforge train` tree has {train_keys} keys (leaf keys, a variant's
+counted once however many variants hold it, `env.args` one key; `.ci/run` prints the
+count). Every key is one more thing a user reads past and a test must cover, so a new key
+replaces one, or its change says why it cannot.
 """
 
 UNREAD_HEADER = """
@@ -60,7 +65,7 @@ A config that sets one (in a file too) is refused in one line naming its new key
 
 
 def reference() -> str:
-    parts = [HEADER]
+    parts = [HEADER.format(train_keys=train_keys())]
     for title, root in ROOTS:
         parts.append(f"\n## `{title}`: `{root.__name__}`")
         parts.extend(_section(root, ""))
@@ -73,6 +78,25 @@ def reference() -> str:
     for old, (new, variant) in MOVED.items():
         parts.append(f"| `{old}` | `{new}`, with `{variant}` |")
     return "\n".join(parts)
+
+
+def train_keys() -> int:
+    """The knob budget's count: the keys of `reinforge train`'s tree (`.ci/run` prints it)."""
+    return len(leaf_keys(Config))
+
+
+def leaf_keys(model: type[BaseModel], prefix: str = "") -> set[str]:
+    """The dotted keys a user can set in `model`'s tree: the knob budget counts them. A
+    key that several variants of a section hold (each one's `kind`) is one knob."""
+    keys: set[str] = set()
+    for name, info in model.model_fields.items():
+        nested = sections_of(info.annotation)
+        if nested:
+            for section in nested:
+                keys |= leaf_keys(section, f"{prefix}{name}.")
+        else:
+            keys.add(f"{prefix}{name}")
+    return keys
 
 
 def _section(model: type[BaseModel], prefix: str) -> list[str]:

@@ -52,6 +52,16 @@ def sections_of(annotation: Any) -> list[type[BaseModel]]:
     return [model for arg in get_args(annotation) for model in sections_of(arg)]
 
 
+def refuse_moved(data: Any, moved: dict[str, str]) -> Any:
+    """`data` as given to a section's before-validator, unless it holds a key of `moved`:
+    then one line saying where that key went, rather than "unknown key"."""
+    if isinstance(data, dict):
+        for old, new in moved.items():
+            if old in data:
+                raise ValueError(f"{old} moved to {new}")
+    return data
+
+
 class Record(BaseModel):
     """Numbers a run reports (an eval's summary, a step's metrics line): typed, so every
     reader sees the same names, and written as plain JSON; field docstrings say what each

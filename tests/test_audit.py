@@ -12,8 +12,8 @@ from reinforge.cli import main
 from reinforge.envs.builtin.coding import TASKS
 from reinforge.envs.harbor import environment as harbor
 from reinforge.envs.harbor import verify as harbor_verify
-from reinforge.envs.harbor.environment import load_environment
 from reinforge.envs.harbor.exploits import EXPLOITS
+from reinforge.envs.registry import load_environment
 from reinforge.rollout.audit import audit
 from reinforge.rollout.config import RolloutConfig
 
@@ -120,10 +120,10 @@ async def test_lowered_limits_hack_a_task_whose_tests_run_the_candidate_as_root(
     test_task.write_text(test_task.read_text().replace("**unprivileged(),", ""))
     (exploit,) = [e for e in EXPLOITS if e.name == "lower-limits"]
     config = RolloutConfig(concurrency=3)
-    hacked = await audit(load_environment(as_root), [exploit], 1, config)
+    hacked = await audit(load_environment(str(as_root)), [exploit], 1, config)
     assert (hacked.oracle.mean, hacked.nop.mean) == (1.0, 0.0)
     assert [e.name for e in hacked.hacked] == ["lower-limits"]
-    defended = await audit(load_environment(bundled), [exploit], 1, config)
+    defended = await audit(load_environment(str(bundled)), [exploit], 1, config)
     assert (defended.oracle.mean, defended.nop.mean) == (1.0, 0.0)
     assert defended.hacked == [] and defended.exploits[0].rewards == {"fix-median-bug": 0.0}
 
@@ -132,7 +132,7 @@ async def test_a_full_disk_leaves_test_sh_room_for_a_plain_0():
     """The candidate fills the verifier's disk; /logs/verifier has a disk of its own, so
     test.sh still writes its 0 and the rollout is graded, not an error."""
     (exploit,) = [e for e in EXPLOITS if e.name == "fill-disk"]
-    env = load_environment(TASKS / "fix-median-bug")
+    env = load_environment(str(TASKS / "fix-median-bug"))
     report = await audit(env, [exploit], 1, RolloutConfig(concurrency=3))
     assert (report.oracle.mean, report.nop.mean) == (1.0, 0.0)
     assert report.exploits[0].errors == {}
@@ -142,7 +142,7 @@ async def test_a_full_disk_leaves_test_sh_room_for_a_plain_0():
 async def audit_one(exploit_name, task):
     """The audit of one task by one exploit, checked sound: oracle 1, nop 0, no errors."""
     (exploit,) = [e for e in EXPLOITS if e.name == exploit_name]
-    report = await audit(load_environment(task), [exploit], 1, RolloutConfig(concurrency=3))
+    report = await audit(load_environment(str(task)), [exploit], 1, RolloutConfig(concurrency=3))
     assert report.broken == {} and report.exploits[0].errors == {}
     return report
 
@@ -266,7 +266,8 @@ async def test_an_error_shield_is_a_hack_where_the_agents_fault_is_an_error(
     with monkeypatch.context() as weakened:
         weakened.setattr(harbor, "_fail", as_an_error)
         (exploit,) = [e for e in EXPLOITS if e.name == exploit_name]
-        shielded = await audit(load_environment(task), [exploit], 1, RolloutConfig(concurrency=3))
+        env = load_environment(str(task))
+        shielded = await audit(env, [exploit], 1, RolloutConfig(concurrency=3))
         assert [e.name for e in shielded.hacked] == [exploit_name]
         assert list(shielded.exploits[0].errors) == ["fix-median-bug"]
     defended = await audit_one(exploit_name, task)

@@ -108,7 +108,7 @@ def test_user_environment_by_path_and_by_module(tmp_path):
         (["serve", "--port", "-1"], "--port: Input should be greater than or equal to 0"),
         (
             ["eval", "arithmetic", "--model", "tiny-random", "--env-arg", "bogus=1"],
-            "rejected its arguments",
+            "config env.args.bogus: unknown key",
         ),
     ],
 )

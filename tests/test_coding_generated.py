@@ -10,25 +10,29 @@ import json
 
 import pytest
 
-from reinforge.envs.builtin.coding import TASKS, load_environment, written_names
+from reinforge.envs.builtin.coding import TASKS, written_names
 from reinforge.envs.builtin.coding.generated import KINDS, generate, named
 from reinforge.envs.builtin.coding.generated.task_dir import FUNCTION_CHECK
-from reinforge.envs.harbor.environment import load_environment as load_harbor
+from reinforge.envs.registry import load_environment
 from reinforge.errors import UsageError
 
 from .commands import reinforge
-from .test_harbor_env import run_all
+from .test_harbor_env import played_by, run_all
 
 
 def generated(env) -> list[str]:
     return sorted(name for name in env.runnable if name.startswith("generated-"))
 
 
+def coding(**args):
+    return load_environment("coding", **args)
+
+
 @pytest.mark.parametrize(("agent", "reward"), [("oracle", 1.0), ("nop", 0.0)])
 async def test_every_kind_scores_1_with_its_solution_and_0_untouched(tmp_path, agent, reward):
     paths = generate(2 * len(KINDS), seed=0, root=tmp_path)
     assert {p.name.rsplit("-", 1)[0] for p in paths} == {f"generated-{kind}" for kind in KINDS}
-    trajectories = await run_all(load_harbor(tmp_path, agent=agent))
+    trajectories = await run_all(played_by(agent, tmp_path))
     assert sorted(t.task_id for t in trajectories) == sorted(p.name for p in paths)
     assert all(t.status == "ok" and t.reward == reward for t in trajectories), trajectories
 
@@ -43,7 +47,7 @@ async def test_described_contents_score_1_with_their_solution_and_0_untouched(
     said = "\n".join((p / "instruction.md").read_text() for p in paths)
     forms = ("INI file", "TOML file", "JSON object", "one setting per line", "holding one file")
     assert all(form in said for form in forms), said
-    trajectories = await run_all(load_harbor(tmp_path, agent=agent))
+    trajectories = await run_all(played_by(agent, tmp_path))
     assert len(trajectories) == 48
     assert all(t.status == "ok" and t.reward == reward for t in trajectories), trajectories
 
@@ -56,7 +60,7 @@ async def test_a_python_task_is_graded_on_what_its_function_returns(tmp_path):
         (module,) = (path / "environment").glob("*.py")
         wrong = f"#!/bin/bash\nsed -i 's/^    .*/    return 0/' /app/{module.name}\n"
         (path / "solution" / "solve.sh").write_text(wrong)
-    trajectories = await run_all(load_harbor(tmp_path, agent="oracle"))
+    trajectories = await run_all(played_by("oracle", tmp_path))
     assert len(trajectories) == len(paths)
     assert all(t.status == "ok" and t.reward == 0.0 for t in trajectories), trajectories
 
@@ -89,7 +93,7 @@ def test_a_generated_task_never_names_a_path_or_function_a_written_task_names(tm
 
     assert names(generate(200, seed=1, root=tmp_path / "drawn")) & written
     assert not names(generate(200, seed=1, root=tmp_path / "kept", avoid=written)) & written
-    env = load_environment(split="train", generated=200, generated_seed=1)
+    env = coding(split="train", generated={"tasks": 200, "seed": 1})
     assert not names(env.runnable[name].path for name in generated(env)) & written
 
 
@@ -114,31 +118,46 @@ def test_a_seed_gives_the_same_tasks_and_another_seed_others(tmp_path):
 
 
 def test_generated_tasks_join_train_and_never_the_held_out_split():
-    written = load_environment(split="train")
-    train = load_environment(split="train", generated=5)
+    written = coding(split="train")
+    train = coding(split="train", generated={"tasks": 5})
     assert set(train.runnable) == set(written.runnable) | set(generated(train))
     assert len(generated(train)) == 5
-    assert not generated(load_environment(split="all", tiers=["medium"], generated=5))
+    assert not generated(coding(split="all", tiers=["medium"], generated={"tasks": 5}))
     with pytest.raises(UsageError, match="generated tasks only join the train split"):
-        load_environment(split="test", generated=5)
-    with pytest.raises(UsageError, match="generated -1: must be 0 or more"):
-        load_environment(generated=-1)
+        coding(split="test", generated={"tasks": 5})
+    with pytest.raises(UsageError, match="env.args.generated.tasks: Input should be greater"):
+        coding(generated={"tasks": -1})
 
 
 def test_generated_only_leaves_the_written_tasks_out():
-    only = load_environment(split="train", tiers=["easy"], generated=5, generated_only=True)
-    mixed = load_environment(split="train", tiers=["easy"], generated=5)
+    only = coding(split="train", tiers=["easy"], generated={"tasks": 5, "only": True})
+    mixed = coding(split="train", tiers=["easy"], generated={"tasks": 5})
     assert sorted(only.runnable) == generated(mixed)
-    with pytest.raises(UsageError, match="generated_only leaves only the generated tasks"):
-        load_environment(generated_only=True)
-    with pytest.raises(UsageError, match="split 'held-out': one of all, train, test"):
-        load_environment(split="held-out", generated=2, generated_only=True)
+    with pytest.raises(UsageError, match="config env.args.generated.tasks: Field required"):
+        coding(generated={"only": True})
+    with pytest.raises(UsageError, match="config env.args.split: Input should be 'all'"):
+        coding(split="held-out", generated={"tasks": 2, "only": True})
 
 
 def test_generated_kinds_narrows_the_generated_tasks_to_those_named():
-    train = load_environment(split="train", generated=6, generated_kinds=["edit", "make-dir"])
+    train = coding(split="train", generated={"tasks": 6, "kinds": ["edit", "make-dir"]})
     kinds = [name.rsplit("-", 1)[0] for name in generated(train)]
     assert sorted(kinds) == ["generated-edit"] * 3 + ["generated-make-dir"] * 3
-    for bad in (["edit", "paint"], []):
-        with pytest.raises(UsageError, match="generated_kinds .*: name one or more of edit, "):
-            load_environment(split="train", generated=2, generated_kinds=bad)
+    with pytest.raises(UsageError, match=r"kinds: unknown kinds \['paint'\]: name one or more"):
+        coding(split="train", generated={"tasks": 2, "kinds": ["edit", "paint"]})
+    with pytest.raises(UsageError, match="generated.kinds: List should have at least 1 item"):
+        coding(split="train", generated={"tasks": 2, "kinds": []})
+
+
+@pytest.mark.parametrize(
+    ("args", "moved"),
+    [
+        ({"generated": 5}, "generated = N moved to generated.tasks = N"),
+        ({"generated_seed": 1}, "generated_seed moved to generated.seed"),
+        ({"generated_kinds": ["edit"]}, "generated_kinds moved to generated.kinds"),
+        ({"generated_only": True}, "generated_only moved to generated.only"),
+    ],
+)
+def test_the_generated_arguments_before_their_section_say_where_they_went(args, moved):
+    with pytest.raises(UsageError, match=f"^config env.args: {moved}$"):
+        coding(**args)

@@ -11,7 +11,8 @@ import pytest
 
 from reinforge.config import Config, load_config
 from reinforge.envs.builtin.coding import TASKS
-from reinforge.envs.harbor.environment import load_environment
+from reinforge.envs.config import EnvConfig
+from reinforge.envs.registry import load_configured, load_environment
 from reinforge.errors import UsageError
 from reinforge.policy.models import load_tokenizer, model_folder
 from reinforge.rollout.store import read_trajectories
@@ -31,28 +32,28 @@ EASY = {
 
 
 def test_the_split_is_fixed_and_disjoint_and_tiers_select_by_difficulty():
-    train = load_environment(TASKS, tiers=["easy"], split="train")
-    test = load_environment(TASKS, tiers=["easy"], split="test")
+    train = load_environment(str(TASKS), tiers=["easy"], split="train")
+    test = load_environment(str(TASKS), tiers=["easy"], split="test")
     assert set(train.runnable) | set(test.runnable) == EASY
     assert not set(train.runnable) & set(test.runnable)
     assert 0 < len(test.runnable) < len(train.runnable)
-    again = load_environment(TASKS, split="test", test_fraction=0.25)
+    again = load_environment(str(TASKS), split="test", test_fraction=0.25)
     assert set(test.runnable) <= set(again.runnable)  # a tier filter never moves a task
-    whole = load_environment(TASKS)
+    whole = load_environment(str(TASKS))
     assert len(whole.runnable) > len(EASY)  # medium and hard tiers exist
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"split": "dev"}, "split 'dev': one of all, train, test"),
-        ({"test_fraction": 1.0}, "test_fraction 1.0: must be between 0 and 1"),
+        ({"split": "dev"}, "config env.args.split: Input should be 'all', 'train' or 'test'"),
+        ({"test_fraction": 1.0}, "config env.args.test_fraction: Input should be less than 1"),
         ({"tiers": ["impossible"]}, "no task of tiers ['impossible'] in split 'all'"),
     ],
 )
 def test_bad_selections_are_usage_errors(kwargs, message):
     with pytest.raises(UsageError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        load_environment(TASKS, **kwargs)
+        load_environment(str(TASKS), **kwargs)
 
 
 def test_oracle_transcripts_are_tool_calls_that_render_as_sft_data(tmp_path):
@@ -117,7 +118,8 @@ def test_oracle_transcripts_are_tool_calls_that_render_as_sft_data(tmp_path):
     ],
 )
 async def test_the_tool_format_term_pays_for_calls_that_all_parse(replies, tool_format):
-    env = load_environment(TASKS, tiers=["easy"], split="test", max_turns=3, format_weight=0.25)
+    args = {"tiers": ["easy"], "split": "test", "format_weight": 0.25}
+    env = load_configured(EnvConfig(name=str(TASKS), args=args, max_turns=3))
     (task,) = [t for t in env.tasks(len(env.runnable)) if t.id == "create-done-file"]
     try:
         episode = await env.rollout(ScriptedClient(replies), task)

@@ -18,7 +18,8 @@ import pytest
 
 from reinforge.commands.config_args import key_values
 from reinforge.envs import Environment, Episode, Reward, Rubric
-from reinforge.envs.registry import load_environment
+from reinforge.envs.config import EnvConfig
+from reinforge.envs.registry import load_configured, load_environment
 from reinforge.errors import UsageError
 from reinforge.rollout.config import RolloutConfig
 from reinforge.rollout.generator import generate_group
@@ -170,7 +171,7 @@ async def test_guess_out_of_tries_is_finished_and_scores_zero():
 
 
 async def test_guess_never_answering_ends_truncated_and_is_still_scored():
-    env = load_environment(GUESS, max_turns=3)
+    env = load_configured(EnvConfig(name=GUESS, max_turns=3))
     task = env.tasks(1)[0]
     trajectory = await play(env, task, ["I do not know."] * 3)
     assert (trajectory.status, trajectory.reward, trajectory.turns) == (Status.TRUNCATED, 0.0, 3)
@@ -213,18 +214,20 @@ def test_loader_arguments_and_how_env_args_are_parsed():
     env = load_environment(GUESS, high=10, tries=2)
     assert all(1 <= t.answer <= 10 for t in env.tasks(30))
     assert "You have 2 tries." in env.tasks(1)[0].prompt[0]["content"]
-    with pytest.raises(UsageError, match="rejected its arguments: need high >= 2"):
+    with pytest.raises(UsageError, match="^config env.args.high: Input should be greater"):
         load_environment(GUESS, high=1)
-    with pytest.raises(UsageError, match="rejected its arguments"):
+    with pytest.raises(UsageError, match="^config env.args.bogus: unknown key$"):
         load_environment(GUESS, bogus=1)
+    with pytest.raises(UsageError, match="^config env.args.max_turns: moved to env.max_turns$"):
+        load_environment(GUESS, max_turns=3)
 
 
 # --- the real CLI -------------------------------------------------------------------------
 
 
 def test_guess_env_runs_under_reinforge_eval(tmp_path):
-    """The real command on the tiny random model (noise for replies): the file loads, the
-    `--env-arg` reaches the loader as an int, every episode plays and is scored."""
+    """The real command on the tiny random model (noise for replies): the file loads,
+    `--max-turns` reaches the harness, every episode plays and is scored."""
     out = tmp_path / "eval"
     result = reinforge(
         "eval",
@@ -233,8 +236,8 @@ def test_guess_env_runs_under_reinforge_eval(tmp_path):
         "tiny-random",
         "--tasks",
         "2",
-        "--env-arg",
-        "max_turns=3",
+        "--max-turns",
+        "3",
         "--out",
         str(out),
     )

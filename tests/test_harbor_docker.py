@@ -15,7 +15,7 @@ from reinforge.envs.harbor.environment import HarborEnvironment
 from reinforge.envs.registry import load_environment
 
 from .commands import reinforge
-from .test_harbor_env import run_all, write_task
+from .test_harbor_env import played_by, run_all, write_task
 
 TEST_SH = """\
 ok=1
@@ -72,8 +72,7 @@ async def test_the_agent_container_holds_the_image_and_nothing_of_the_grading(do
         "cat counter.txt data.txt; pwd; ls /tests /solution /logs 2>&1; "
         "mkdir -p /logs/verifier 2>&1 || echo no-logs",
     )
-    env = load_environment(str(docker_task), agent=probe)
-    assert isinstance(env, HarborEnvironment)
+    env = played_by(probe, docker_task)
     (trajectory,) = await run_all(env)
     output = trajectory.info["script_output"]
     assert output.startswith("1\nshipped\n/app\n"), output

@@ -11,6 +11,7 @@ import pytest
 
 from reinforge.envs.builtin.coding import TASKS
 from reinforge.envs.config import EnvConfig
+from reinforge.envs.harbor.agents import ScriptAgent
 from reinforge.envs.harbor.environment import HarborEnvironment
 from reinforge.envs.harbor.verify import quiesce_and_snapshot
 from reinforge.envs.registry import load_configured, load_environment
@@ -52,6 +53,14 @@ def write_task(
 def no_model() -> PolicyClient:
     unused = openai.AsyncOpenAI(base_url="http://no-model.invalid/v1", api_key="-")
     return PolicyClient(unused, "none", SamplingConfig())
+
+
+def played_by(agent: str | ScriptAgent, path: Path, **args: object) -> HarborEnvironment:
+    """The Harbor task set at `path`, its agent chosen as `eval.agent` chooses it."""
+    env = load_environment(str(path), **args)
+    assert isinstance(env, HarborEnvironment)
+    env.use_agent(agent)
+    return env
 
 
 async def run_all(env: HarborEnvironment, n: int | None = None) -> list:
@@ -193,7 +202,7 @@ async def test_a_failing_verifier_is_an_error_not_a_zero(tmp_path):
     write_task(tmp_path, "b-no-reward", "echo broken; exit 3\n")
     write_task(tmp_path, "c-garbage", "echo passed > /logs/verifier/reward.txt\n")
     write_task(tmp_path, "d-ok", "echo 0 > /logs/verifier/reward.txt; exit 1\n")
-    env = load_environment(str(tmp_path), agent="nop")
+    env = played_by("nop", tmp_path)
     trajectories = await run_all(env)
     by_id = {t.task_id: t for t in trajectories}
     assert "wrote no reward file" in by_id["b-no-reward"].error
@@ -220,7 +229,7 @@ async def test_what_the_agent_does_to_its_own_grading_scores_0_not_an_error(tmp_
         toml="[verifier]\ntimeout_sec = 1.0\n",
         solve_sh="echo 'import time; time.sleep(60)' > /app/solution.py\n",
     )
-    trajectories = await run_all(load_environment(str(tmp_path), agent="oracle"))
+    trajectories = await run_all(played_by("oracle", tmp_path))
     by_id = {t.task_id: t for t in trajectories}
     assert "over 256 MiB as a tar" in by_id["sparse"].info["verifier_fault"]
     assert "timed out after 1 s" in by_id["slow-candidate"].info["verifier_fault"]
@@ -236,7 +245,7 @@ async def test_the_agent_timeout_of_task_toml_ends_the_agent_phase_and_grading_g
         toml="[agent]\ntimeout_sec = 1.0\n",
         solve_sh="echo 1 > /app/started; sleep 60\n",
     )
-    (trajectory,) = await run_all(load_environment(str(tmp_path), agent="oracle"))
+    (trajectory,) = await run_all(played_by("oracle", tmp_path))
     assert trajectory.status == Status.TRUNCATED and trajectory.reward == 1.0
     assert trajectory.info["agent_timed_out"] is True
 
@@ -255,7 +264,7 @@ async def test_the_oracle_reads_the_files_its_instruction_names_when_read_file_i
     (path / "instruction.md").write_text(
         "In `/app/b.txt` set b to 2; `/app/missing.txt` is not there; `/app/b.txt` again.\n"
     )
-    (trajectory,) = await run_all(load_environment(str(path), agent="oracle"))
+    (trajectory,) = await run_all(played_by("oracle", path))
     _, _, reads, report, solve, _, answer = trajectory.messages
     (read,) = reads["tool_calls"]  # each named file once, and only those that exist
     assert read["function"] == {"name": "read_file", "arguments": '{"path": "/app/b.txt"}'}
@@ -265,7 +274,7 @@ async def test_the_oracle_reads_the_files_its_instruction_names_when_read_file_i
     assert solve["tool_calls"][0]["function"]["name"] == "bash" and trajectory.reward == 1.0
     assert answer["role"] == "assistant"
 
-    bash_only = load_environment(str(path), agent="oracle", tools=["bash"])
+    bash_only = played_by("oracle", path, tools=["bash"])
     assert [t.name for t in bash_only.harness.tools] == ["bash"]
     nop = bash_only.with_agent("nop")  # the audit's baselines keep the offered tools
     assert [t.name for t in nop.harness.tools] == ["bash"]
@@ -274,7 +283,7 @@ async def test_the_oracle_reads_the_files_its_instruction_names_when_read_file_i
     assert [m["role"] for m in trajectory.messages] == [
         "system", "user", "assistant", "tool", "assistant",
     ]  # fmt: skip
-    with pytest.raises(UsageError, match="tools \\['shell'\\]: name one or more of bash"):
+    with pytest.raises(UsageError, match="config env.args.tools.0: Input should be 'bash'"):
         load_environment(str(path), tools=["shell"])
 
 
@@ -292,8 +301,11 @@ def test_tasks_that_need_docker_are_skipped_with_a_reason_where_no_engine_answer
 
 def test_a_task_dir_is_an_env_name_for_train_too(tmp_path):
     write_task(tmp_path, "one", "true\n")
-    env = load_configured(EnvConfig(name=str(tmp_path / "one"), args={"max_turns": 3}))
+    env = load_configured(EnvConfig(name=str(tmp_path / "one"), max_turns=3))
     assert isinstance(env, HarborEnvironment) and env.harness.max_turns == 3
+    for limit in ("max_turns", "max_tokens_per_turn"):
+        with pytest.raises(UsageError, match=f"^config env.args.{limit}: moved to env.{limit}$"):
+            load_configured(EnvConfig(name=str(tmp_path / "one"), args={limit: 3}))
     with pytest.raises(UsageError, match="no task.toml"):
         load_environment(str(tmp_path / "one" / "tests"))
 
@@ -351,7 +363,7 @@ async def test_tests_that_import_the_agents_module_from_the_working_directory_pa
     (path / "environment" / "calc.py").write_text("def add(a, b):\n    return a - b\n")
     (path / "tests" / "test_calc.py").write_text(CWD_IMPORT_TEST)
     for agent, reward in (("oracle", 1.0), ("nop", 0.0)):
-        (trajectory,) = await run_all(load_environment(str(path), agent=agent))
+        (trajectory,) = await run_all(played_by(agent, path))
         assert trajectory.reward == reward, trajectory.info.get("verifier_output")
 
 
@@ -396,5 +408,5 @@ async def test_the_tests_are_unreadable_to_the_candidates_user(tmp_path):
     )
     (path / "tests" / "answers.txt").write_text("expected-answer-4711\n")
     (path / "tests" / "check_hidden.py").write_text(HIDDEN_CHECK)
-    (trajectory,) = await run_all(load_environment(str(path), agent="nop"))
+    (trajectory,) = await run_all(played_by("nop", path))
     assert trajectory.reward == 1.0, trajectory.info.get("verifier_output")

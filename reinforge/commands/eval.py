@@ -29,6 +29,7 @@ FLAGS = (
     Flag("--concurrency", "rollout.concurrency", "C"),
     Flag("--temperature", "rollout.sampling.temperature", "T"),
     Flag("--top-p", "rollout.sampling.top_p", "P"),
+    Flag("--max-turns", "env.max_turns", "N"),
     Flag("--max-tokens", "env.max_tokens_per_turn", "M"),
     Flag("--timeout", "rollout.timeout_s", "SECONDS"),
     Flag("--out", "eval.out", "DIR"),

@@ -4,12 +4,18 @@ directory of Harbor tasks (one holding task.toml, or a folder of such directorie
 Every route ends at a function returning an `Environment`. Installed packages register
 theirs under the entry-point group `reinforge.environments`, the built-ins included, so
 a built-in takes the same path as a user's package.
+
+A loader declares its arguments by annotating one parameter with a pydantic model (its
+`Args`): `env.args` is validated into it before the loader runs, so a misspelt or
+ill-typed argument is one line naming its key, and a default lives on the model's field.
+A loader that declares none gets `env.args` as keywords, its own signature the check.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -18,9 +24,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from reinforge.envs.config import EnvConfig
+from pydantic import BaseModel, ValidationError
+
+from reinforge.envs.config import HARNESS_LIMITS, EnvConfig
 from reinforge.envs.environment import Environment
-from reinforge.errors import UsageError, describe
+from reinforge.errors import ConfigError, UsageError, describe, first_problem
 from reinforge.types import Task
 
 GROUP = "reinforge.environments"
@@ -31,8 +39,14 @@ def installed_environments() -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group=GROUP)}
 
 
-def load_environment(spec: str, **kwargs: Any) -> Environment:
+def load_environment(spec: str, /, **kwargs: Any) -> Environment:
+    """The environment `spec` names, its loader given `kwargs` (a run's `env.args`)."""
     factory = _factory(spec)
+    declared = declared_args(factory)
+    if declared is not None:
+        parameter, model = declared
+        factory = partial(factory, **{parameter: validated_args(model, kwargs)})
+        kwargs = {}
     try:
         environment = factory(**kwargs)
     except (TypeError, ValueError) as error:
@@ -46,11 +60,39 @@ def load_environment(spec: str, **kwargs: Any) -> Environment:
 
 def load_configured(config: EnvConfig) -> Environment:
     """The environment a config section names, changed as the section asks (`apply`: its
-    per-turn token limit, and the recipes of a run's `env` section): the one place a run's
+    per-turn limits, and the recipes of a run's `env` section): the one place a run's
     settings change an environment."""
     environment = load_environment(config.name, **config.args)
     config.apply(environment)
     return environment
+
+
+def declared_args(loader: Callable[..., Any]) -> tuple[str, type[BaseModel]] | None:
+    """The parameter of `loader` annotated with a pydantic model, and that model: how a
+    loader declares its arguments. None for a loader of plain keywords."""
+    try:
+        signature = inspect.signature(loader, eval_str=True)
+    except Exception:  # annotations that do not evaluate (type-checking imports): no model
+        return None
+    for parameter in signature.parameters.values():
+        annotation = parameter.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return parameter.name, annotation
+    return None
+
+
+def validated_args(model: type[BaseModel], args: dict[str, Any]) -> BaseModel:
+    """`args` as the loader's `model`; a problem is one line naming its `env.args` key. A
+    per-turn limit the model does not take names the `env` key that sets it for every
+    environment."""
+    for key in args:
+        if key in HARNESS_LIMITS and key not in model.model_fields:
+            raise ConfigError(f"env.args.{key}", f"moved to env.{key}")
+    try:
+        return model.model_validate(args)
+    except ValidationError as error:
+        where, problem = first_problem(error)
+        raise ConfigError(f"env.args.{where}".rstrip("."), problem) from error
 
 
 def _factory(spec: str) -> Callable[..., Any]:

@@ -1,5 +1,5 @@
 """The RL algorithm as config: which advantage, loss, aggregation and off-policy
-correction to use.
+correction to use, and what becomes of a truncated completion.
 
 Each variant is a small pydantic model tagged by `kind` that applies itself, so
 the trainer calls `config.advantage.compute(rewards)` and `config.loss.batch_loss(...)` and
@@ -13,18 +13,19 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import replace
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Tag
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Tag
 
 from reinforge.train.advantages import dr_grpo_advantages, grpo_advantages
-from reinforge.types import tagged
+from reinforge.types import Status, tagged
 
 if TYPE_CHECKING:
     from torch import Tensor
 
     from reinforge.train.batching import TrainBatch
     from reinforge.train.losses import LikelihoodMetrics, PolicyMetrics
+    from reinforge.types import Trajectory
 
 
 class _Config(BaseModel):
@@ -59,6 +60,66 @@ class DrGRPOAdvantage(_Config):
 AdvantageConfig = Annotated[
     Annotated[GRPOAdvantage, Tag("grpo")] | Annotated[DrGRPOAdvantage, Tag("dr_grpo")],
     tagged("kind", "grpo"),
+]
+
+
+# ---- truncated completions --------------------------------------------------------------
+
+
+class _Truncation(_Config):
+    """What becomes of a completion cut off by a token or turn limit, or stopped in a loop
+    (`rollout.sampling.stop_loops`)."""
+
+    def training_reward(self, trajectory: Trajectory) -> float:
+        """The reward the advantage sees."""
+        assert trajectory.reward is not None  # ok or truncated: scored
+        return trajectory.reward
+
+    def trains(self, trajectory: Trajectory) -> bool:
+        """Whether it joins the loss; it shapes its group's baseline either way."""
+        return True
+
+
+class Keep(_Truncation):
+    """Train on it with its reward."""
+
+    kind: Literal["keep"] = "keep"
+
+
+class Mask(_Truncation):
+    """Leave it out of the loss; it still counts in its group's baseline (DAPO's overlong
+    filtering)."""
+
+    kind: Literal["mask"] = "mask"
+
+    def trains(self, trajectory: Trajectory) -> bool:
+        return trajectory.status is not Status.TRUNCATED
+
+
+class Penalize(_Truncation):
+    """Its reward becomes `reward`."""
+
+    kind: Literal["penalize"] = "penalize"
+    reward: float = 0.0
+    """The reward of a truncated completion, in place of the rubric's."""
+
+    def training_reward(self, trajectory: Trajectory) -> float:
+        if trajectory.status is Status.TRUNCATED:
+            return self.reward
+        return super().training_reward(trajectory)
+
+
+def _by_kind(value: Any) -> Any:
+    """`truncated = "mask"`: a variant named by its kind alone, all else its defaults."""
+    return {"kind": value} if isinstance(value, str) else value
+
+
+TruncatedConfig = Annotated[
+    Annotated[Keep, Tag("keep")]
+    | Annotated[Mask, Tag("mask")]
+    | Annotated[Penalize, Tag("penalize")],
+    tagged("kind", "keep"),
+    BeforeValidator(_by_kind),
 ]
 
 

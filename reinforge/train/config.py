@@ -8,7 +8,7 @@ from typing import Any, Literal, Self
 
 from pydantic import Field, field_validator
 
-from reinforge.train.algorithm import AlgorithmConfig, ConstantNorm
+from reinforge.train.algorithm import AlgorithmConfig, ConstantNorm, Keep, TruncatedConfig
 from reinforge.types import Section, Status
 
 
@@ -52,13 +52,12 @@ class TrainerConfig(Section):
     """Recompute each layer's activations in backward: less memory, more compute."""
     lora: LoRAConfig | None = None
     """Train LoRA adapters instead of every weight; None: full fine-tuning."""
-    truncated: Literal["keep", "mask", "penalize"] = "keep"
+    truncated: TruncatedConfig = Field(default_factory=Keep)
     """A completion cut off by a token or turn limit, or stopped in a loop
     (`rollout.sampling.stop_loops`): keep (train on it with its reward), mask (it still
     counts in its group's baseline but is left out of the loss, DAPO's overlong filtering)
-    or penalize (its reward becomes `truncation_penalty`)."""
-    truncation_penalty: float = 0.0
-    """The reward of a truncated completion when `truncated = "penalize"`."""
+    or penalize (its reward becomes `reward`). A kind alone may be a string:
+    `truncated = "mask"`."""
     uniform_groups: Literal["skip", "count"] = "skip"
     """A group whose rewards are all equal trains nothing either way (its advantages are
     0). skip: a step's loss averages over the groups that vary, so a step that found one

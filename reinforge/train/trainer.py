@@ -98,10 +98,11 @@ def select_for_training(
             selection.zero_variance_groups += 1
             continue
         # float32: the dtype in which the rubric checks that every reward is finite
-        rewards = torch.tensor([_training_reward(t, config) for t in usable], dtype=torch.float32)
+        trained_rewards = [config.truncated.training_reward(t) for t in usable]
+        rewards = torch.tensor(trained_rewards, dtype=torch.float32)
         advantages = config.algorithm.advantage.compute(rewards)  # (G,)
         for trajectory, advantage in zip(usable, advantages.tolist(), strict=True):
-            if config.truncated == "mask" and trajectory.status is Status.TRUNCATED:
+            if not config.truncated.trains(trajectory):
                 selection.masked_truncated += 1
                 continue
             selection.trajectories.append(trajectory)
@@ -118,21 +119,13 @@ def select_for_training(
 def rewards_vary(group: Group, config: TrainerConfig) -> bool:
     """Whether two or more of the group's trainable rollouts have different rewards: what
     a group that no teacher scored needs for any advantage to be nonzero."""
-    rewards = [_training_reward(t, config) for t in group.trajectories if trainable(t)]
+    rewards = [config.truncated.training_reward(t) for t in group.trajectories if trainable(t)]
     return len(rewards) >= 2 and max(rewards) != min(rewards)
 
 
 def trainable(trajectory: Trajectory) -> bool:
     """Whether a rollout may take part in the gradient: scored, with sampled tokens."""
     return trajectory.status in (Status.OK, Status.TRUNCATED) and bool(trajectory.logprobs)
-
-
-def _training_reward(trajectory: Trajectory, config: TrainerConfig) -> float:
-    """The reward the advantage sees: the rubric's, or the penalty for a cut-off one."""
-    if config.truncated == "penalize" and trajectory.status is Status.TRUNCATED:
-        return config.truncation_penalty
-    assert trajectory.reward is not None  # ok or truncated: scored
-    return trajectory.reward
 
 
 class _FirstPass(NamedTuple):

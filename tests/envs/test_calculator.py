@@ -4,6 +4,8 @@ import pytest
 
 from reinforge.envs import Tool, load_environment
 from reinforge.envs.builtin.calculator import calculate, correct, evaluate, final_number, used_tool
+from reinforge.envs.config import EnvConfig
+from reinforge.envs.registry import load_configured
 from reinforge.types import Message
 
 from .scripted import ScriptedClient, episode_of
@@ -140,7 +142,7 @@ async def test_rollout_reports_a_hostile_expression_to_the_model():
 
 
 async def test_an_episode_that_never_answers_scores_zero():
-    env = load_environment("calculator", max_turns=2)
+    env = load_configured(EnvConfig(name="calculator", max_turns=2))
     task = env.tasks(1, seed=0)[0]
     episode = await env.rollout(ScriptedClient([tool_call(str(task.answer))] * 2), task)
     assert episode.truncated and episode.messages[-1]["role"] == "tool"

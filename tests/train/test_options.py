@@ -239,9 +239,10 @@ def _group(*rollouts: tuple[float, Status]) -> Group:
 )
 def test_truncated_completions_follow_the_policy(policy, trained, advantages):
     group = _group((1.0, Status.OK), (0.0, Status.OK), (1.0, Status.TRUNCATED))
-    config = load_config(
-        Config, None, [f'trainer.truncated="{policy}"', "trainer.truncation_penalty=-1.0"]
-    ).trainer
+    overrides = [f"trainer.truncated.kind={policy}"]
+    if policy == "penalize":
+        overrides.append("trainer.truncated.reward=-1.0")
+    config = load_config(Config, None, overrides).trainer
     selection = select_for_training([group], config)
     assert [t.index for t in selection.trajectories] == trained
     assert selection.advantages == pytest.approx(advantages, abs=1e-3)

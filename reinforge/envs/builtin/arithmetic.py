@@ -10,14 +10,14 @@ from __future__ import annotations
 import random
 import re
 
+from pydantic import Field
+
 from reinforge.envs.environment import Environment, Harness
 from reinforge.envs.episode import Episode
 from reinforge.envs.parsers import last_integer, strip_think
 from reinforge.envs.rubric import Reward, Rubric
-from reinforge.errors import UsageError
-from reinforge.types import Task
+from reinforge.types import Section, Task
 
-LEVELS = (1, 2, 3, 4)
 _JUST_A_NUMBER = re.compile(r"-?\d[\d,]*\.?")
 
 
@@ -82,18 +82,21 @@ class Arithmetic(Environment):
         return tasks
 
 
-def load_environment(
-    difficulty: int = 1,
-    system_prompt: str | None = None,
-    format_weight: float = 0.1,
-) -> Arithmetic:
-    """`system_prompt=None` leaves the chat template's own default system prompt."""
-    if difficulty not in LEVELS:
-        raise UsageError(f"arithmetic: difficulty must be one of {LEVELS}, got {difficulty!r}")
-    harness = Harness(system_prompt=system_prompt, max_turns=1, max_tokens_per_turn=48)
+class Args(Section):
+    difficulty: int = Field(1, ge=1, le=4)
+    """1: two numbers in 0..99, + or -; 2 adds multiplication by 2..9; 3 three-digit numbers
+    and multiplication by 10..99; 4 three operands with precedence."""
+    system_prompt: str | None = None
+    """None leaves the chat template's own default system prompt."""
+    format_weight: float = 0.1
+    """Weight of the `format` term: 1 when the reply is the number alone."""
+
+
+def load_environment(args: Args) -> Arithmetic:
+    harness = Harness(system_prompt=args.system_prompt, max_turns=1, max_tokens_per_turn=48)
     rubric = Rubric(
         Reward(correct, 1.0),
-        Reward(format_reward, format_weight, name="format"),
+        Reward(format_reward, args.format_weight, name="format"),
         pass_threshold=1.0,
     )
-    return Arithmetic(difficulty, harness, rubric)
+    return Arithmetic(args.difficulty, harness, rubric)

@@ -18,7 +18,7 @@ from reinforge.envs.episode import Episode
 from reinforge.envs.parsers import extract_tag, strip_think
 from reinforge.envs.rubric import Reward, Rubric
 from reinforge.envs.tools import Tool
-from reinforge.types import Task
+from reinforge.types import Section, Task
 
 MAX_EXPRESSION = 200
 MAX_BITS = 4096
@@ -188,16 +188,19 @@ class Calculator(Environment):
         return tasks
 
 
-def load_environment(
-    max_turns: int = 4,
-    tool_weight: float = 0.1,
-    system_prompt: str | None = SYSTEM_PROMPT,
-) -> Calculator:
+class Args(Section):
+    tool_weight: float = 0.1
+    """Weight of the `used_tool` term: 1 when some call to the calculator succeeded."""
+    system_prompt: str | None = SYSTEM_PROMPT
+    """None leaves the chat template's own default system prompt."""
+
+
+def load_environment(args: Args) -> Calculator:
     harness = Harness(
-        system_prompt=system_prompt,
+        system_prompt=args.system_prompt,
         tools=[Tool(calculate)],
-        max_turns=max_turns,
+        max_turns=4,
         max_tokens_per_turn=128,
     )
-    rubric = Rubric(Reward(correct, 1.0), Reward(used_tool, tool_weight), pass_threshold=1.0)
+    rubric = Rubric(Reward(correct, 1.0), Reward(used_tool, args.tool_weight), pass_threshold=1.0)
     return Calculator(harness, rubric)

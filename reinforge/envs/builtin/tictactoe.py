@@ -11,22 +11,21 @@ from __future__ import annotations
 import random
 import re
 from functools import cache
-from typing import Any
+from typing import Any, Literal
 
 from reinforge.envs.environment import Continue, Environment, Finished, Harness, Step
 from reinforge.envs.episode import Episode
 from reinforge.envs.parsers import strip_think
 from reinforge.envs.rubric import Reward, Rubric
-from reinforge.errors import UsageError
-from reinforge.types import Task
+from reinforge.types import Section, Task
 
 Board = tuple[str, ...]
 """Nine cells, row by row, each "X", "O" or " "."""
 
 EMPTY: Board = (" ",) * 9
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
-OPPONENTS = ("random", "minimax")
-PLAY_AS = ("X", "O", "alternate")
+Opponent = Literal["random", "minimax"]
+PlayAs = Literal["X", "O", "alternate"]
 OUTCOME_REWARD = {"win": 1.0, "draw": 0.5, "loss": 0.0, "illegal": 0.0}
 _INTEGER = re.compile(r"\d+")
 
@@ -73,7 +72,7 @@ def best_moves(board: Board) -> list[int]:
     return [c for c in free_cells(board) if -value(place(board, c, mark)) == value(board)]
 
 
-def opponent_move(board: Board, opponent: str, seed: int) -> int:
+def opponent_move(board: Board, opponent: Opponent, seed: int) -> int:
     """Random among the opponent's candidates, seeded by task and position."""
     candidates = best_moves(board) if opponent == "minimax" else free_cells(board)
     return random.Random(f"{seed}:{''.join(board)}").choice(candidates)
@@ -113,7 +112,9 @@ def outcome(episode: Episode) -> float:
 class TicTacToe(Environment):
     name = "tictactoe"
 
-    def __init__(self, opponent: str, play_as: str, harness: Harness, rubric: Rubric) -> None:
+    def __init__(
+        self, opponent: Opponent, play_as: PlayAs, harness: Harness, rubric: Rubric
+    ) -> None:
         super().__init__(harness, rubric)
         self.opponent = opponent
         self.play_as = play_as
@@ -189,16 +190,17 @@ class TicTacToe(Environment):
         return state["outcome"] is not None
 
 
-def load_environment(
-    opponent: str = "random",
-    play_as: str = "X",
-    system_prompt: str | None = None,
-) -> TicTacToe:
-    """`play_as="alternate"` gives even-numbered tasks X and odd-numbered ones O."""
-    if opponent not in OPPONENTS:
-        raise UsageError(f"tictactoe: opponent must be one of {OPPONENTS}, got {opponent!r}")
-    if play_as not in PLAY_AS:
-        raise UsageError(f"tictactoe: play_as must be one of {PLAY_AS}, got {play_as!r}")
+class Args(Section):
+    opponent: Opponent = "random"
+    """random: any free cell; minimax: a best move, random among equally good ones."""
+    play_as: PlayAs = "X"
+    """The agent's mark; alternate gives even-numbered tasks X and odd-numbered ones O."""
+    system_prompt: str | None = None
+    """None leaves the chat template's own default system prompt."""
+
+
+def load_environment(args: Args) -> TicTacToe:
     # X moves at most 5 times and O 4, and the game answers Finished on its last move
-    harness = Harness(system_prompt=system_prompt, max_turns=5, max_tokens_per_turn=48)
-    return TicTacToe(opponent, play_as, harness, Rubric(Reward(outcome), pass_threshold=1.0))
+    harness = Harness(system_prompt=args.system_prompt, max_turns=5, max_tokens_per_turn=48)
+    rubric = Rubric(Reward(outcome), pass_threshold=1.0)
+    return TicTacToe(args.opponent, args.play_as, harness, rubric)

@@ -12,12 +12,13 @@ import re
 from collections import Counter
 from typing import Any
 
+from pydantic import Field
+
 from reinforge.envs.environment import Continue, Environment, Finished, Harness, Step
 from reinforge.envs.episode import Episode
 from reinforge.envs.parsers import strip_think
 from reinforge.envs.rubric import Reward, Rubric
-from reinforge.errors import UsageError
-from reinforge.types import Task
+from reinforge.types import Section, Task
 
 WORDS = tuple(
     """
@@ -144,13 +145,18 @@ class Wordle(Environment):
         return Continue([{"role": "user", "content": f"{message}\n{left} {plural} left."}])
 
 
-def load_environment(
-    max_guesses: int = 6,
-    speed_weight: float = 0.2,
-    system_prompt: str | None = None,
-) -> Wordle:
-    if max_guesses < 1:
-        raise UsageError(f"wordle: max_guesses must be at least 1, got {max_guesses!r}")
-    harness = Harness(system_prompt=system_prompt, max_turns=max_guesses, max_tokens_per_turn=48)
-    rubric = Rubric(Reward(solved, 1.0), Reward(speed, speed_weight), pass_threshold=1.0)
-    return Wordle(max_guesses, harness, rubric)
+class Args(Section):
+    max_guesses: int = Field(6, ge=1)
+    """Guesses per game, and the turns of the harness: a game ends at the last one."""
+    speed_weight: float = 0.2
+    """Weight of the `speed` term: 1 for a first-guess solve down to 1/max_guesses."""
+    system_prompt: str | None = None
+    """None leaves the chat template's own default system prompt."""
+
+
+def load_environment(args: Args) -> Wordle:
+    harness = Harness(
+        system_prompt=args.system_prompt, max_turns=args.max_guesses, max_tokens_per_turn=48
+    )
+    rubric = Rubric(Reward(solved, 1.0), Reward(speed, args.speed_weight), pass_threshold=1.0)
+    return Wordle(args.max_guesses, harness, rubric)

@@ -17,8 +17,11 @@ import random
 import sys
 import zlib
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
+
+from pydantic import Field
 
 from reinforge.envs.environment import Environment, Harness
 from reinforge.envs.episode import Episode
@@ -31,7 +34,7 @@ from reinforge.envs.harbor.agents import (
 )
 from reinforge.envs.harbor.grading import Grading
 from reinforge.envs.harbor.hacks import hack_flags
-from reinforge.envs.harbor.sandbox import SANDBOX, TOOL_NAMES, SandboxTools
+from reinforge.envs.harbor.sandbox import SANDBOX, TOOL_NAMES, SandboxTools, ToolName
 from reinforge.envs.harbor.task import HarborTask, find_tasks, load_task
 from reinforge.envs.harbor.verify import (
     LOGS_DIR,
@@ -57,7 +60,7 @@ from reinforge.sandbox.protocol import (
     SandboxProvider,
     SandboxSpec,
 )
-from reinforge.types import Task
+from reinforge.types import Section, Task
 
 AgentName = Literal["model", "oracle", "nop"]
 AGENTS: tuple[str, ...] = get_args(AgentName)
@@ -76,44 +79,34 @@ class HarborEnvironment(Environment):
     def __init__(
         self,
         tasks: list[HarborTask],
-        name: str = "harbor",
+        name: str,
+        args: HarborArgs,
         agent: AgentName | ScriptAgent = "model",
-        max_turns: int = 20,
-        max_tokens_per_turn: int = 512,
         provider: SandboxProvider | None = None,
-        max_sandboxes: int = 32,
-        allow_internet: bool = False,
-        format_weight: float = 0.0,
-        tools: Sequence[str] = TOOL_NAMES,
-        docker: str = "docker",
     ) -> None:
-        self.docker = docker
-        self.skipped = _build_images(tasks, docker)
+        self.args = args
+        self.skipped = _build_images(tasks, args.docker)
         self.runnable = {t.name: t for t in tasks if t.name not in self.skipped}
         for task_name, reason in self.skipped.items():
             print(f"skipped Harbor task {task_name}: {reason}", file=sys.stderr)
         if not self.runnable:
             raise UsageError(f"{name}: no task can run here ({len(tasks)} skipped)")
         self.sandbox_tools = SandboxTools()
+        # the harness's own limits; `env.max_turns` and `env.max_tokens_per_turn` change them
         harness = Harness(
-            tools=self.sandbox_tools.tools(tools),
-            max_turns=max_turns,
-            max_tokens_per_turn=max_tokens_per_turn,
+            tools=self.sandbox_tools.tools(args.tools), max_turns=20, max_tokens_per_turn=512
         )
         rubric = Rubric(
             Reward(self.verifier_reward, name="reward"),
-            Reward(tool_format, format_weight, name="tool_format"),
+            Reward(tool_format, args.format_weight, name="tool_format"),
         )
         super().__init__(harness, rubric)
-        self.format_weight = format_weight
         self.name = name
         self.agent: AgentName | ScriptAgent = "model"
         self.use_agent(agent)
-        self.allow_internet = allow_internet
         self._provider = provider
         self._owned: LocalProvider | None = None
         self._docker_provider: DockerProvider | None = None
-        self._max_sandboxes = max_sandboxes
         self._pools: dict[str, SandboxPool] = {}
         self._pools_lock = asyncio.Lock()
 
@@ -125,19 +118,14 @@ class HarborEnvironment(Environment):
     def with_agent(self, agent: AgentName | ScriptAgent) -> HarborEnvironment:
         """The same tasks and settings, played by `agent`, on this environment's sandbox
         provider (close the copy before this one, which closes a provider it owns)."""
-        return HarborEnvironment(
-            list(self.runnable.values()),
-            self.name,
-            agent,
-            self.harness.max_turns,
-            self.harness.max_tokens_per_turn,
-            self._the_provider(),
-            self._max_sandboxes,
-            self.allow_internet,
-            self.format_weight,
-            [tool.name for tool in self.harness.tools],
-            self.docker,
+        tasks = list(self.runnable.values())
+        copy = HarborEnvironment(tasks, self.name, self.args, agent, self._the_provider())
+        copy.harness = replace(
+            copy.harness,
+            max_turns=self.harness.max_turns,
+            max_tokens_per_turn=self.harness.max_tokens_per_turn,
         )
+        return copy
 
     @property
     def agent_name(self) -> str:
@@ -180,7 +168,7 @@ class HarborEnvironment(Environment):
     def spec(self, task: HarborTask, *, verifier: bool = False) -> SandboxSpec:
         """The sandbox the task asks for in task.toml and its Dockerfile."""
         resources = task.config.environment
-        internet = self.allow_internet and resources.allow_internet and not verifier
+        internet = self.args.allow_internet and resources.allow_internet and not verifier
         writable: tuple[str, ...] = (TESTS_DIR,) if verifier else ()
         if not verifier and self.agent == "oracle":
             writable = (SOLUTION_DIR,)
@@ -300,7 +288,7 @@ class HarborEnvironment(Environment):
         task's image."""
         if spec is not None and isinstance(spec.base, Image):
             if self._docker_provider is None:
-                self._docker_provider = DockerProvider(docker=self.docker)
+                self._docker_provider = DockerProvider(docker=self.args.docker)
             return self._docker_provider
         if self._provider is None:
             if self._owned is None:
@@ -314,7 +302,7 @@ class HarborEnvironment(Environment):
         async with self._pools_lock:
             if key not in self._pools:
                 provider = self._the_provider(spec)
-                pool = SandboxPool(provider, spec, max_concurrency=self._max_sandboxes, warm=0)
+                pool = SandboxPool(provider, spec, max_concurrency=self.args.max_sandboxes, warm=0)
                 self._pools[key] = await pool.start()
             return self._pools[key]
 
@@ -361,41 +349,59 @@ def tool_format(episode: Episode) -> float:
 Split = Literal["all", "train", "test"]
 
 
+class HarborArgs(Section):
+    """The arguments of a Harbor task set: a task directory, a folder of them, or
+    `coding`. Its turn and token limits are `env.max_turns` and `env.max_tokens_per_turn`,
+    like every environment's."""
+
+    tiers: list[str] | None = None
+    """Keep the tasks whose `[metadata] difficulty` is one of these; None keeps all."""
+    split: Split = "all"
+    """Keep the train or the test part of a fixed split, or every task. A task is in test
+    when a hash of its name falls in the lowest `test_fraction` of the range, so the side
+    of a task never changes when tasks are added, and a run trained on `train` is
+    evaluated on tasks it never saw."""
+    test_fraction: float = Field(0.25, gt=0.0, lt=1.0)
+    """The share of the hash range that is the test split."""
+    tools: tuple[ToolName, ...] = Field(TOOL_NAMES, min_length=1)
+    """The sandbox tools the model is offered: each one's schema is in every prompt, so
+    fewer make every prompt shorter."""
+    format_weight: float = 0.0
+    """Weight of the `tool_format` term (1 when the agent called a tool and every call it
+    wrote parsed and named a tool): easy to earn, so keep it well below the verifier's 1."""
+    allow_internet: bool = False
+    """Let an agent's sandbox reach the network where its task.toml allows it too; the
+    verifier's never does."""
+    max_sandboxes: int = Field(32, ge=1)
+    """Agent sandboxes alive at once, per distinct sandbox spec."""
+    docker: str = "docker"
+    """The Docker CLI for the tasks that need an image build; "" for none, and such tasks
+    are skipped."""
+
+
 def load_environment(
     path: str | Path,
+    args: HarborArgs,
     name: str | None = None,
-    tiers: list[str] | None = None,
-    split: Split = "all",
-    test_fraction: float = 0.25,
     train_only: Sequence[Path] = (),
-    **kwargs: Any,
 ) -> Environment:
     """A task dir or a folder of them as an environment (named after the directory).
-
-    `tiers` keeps the tasks whose `[metadata] difficulty` is one of them. `split` keeps the
-    train or test part of a fixed split: a task is in test when a hash of its name falls in
-    the lowest `test_fraction` of the range, so the split of a task never changes when
-    tasks are added, and a run trained on `train` is evaluated on tasks it never saw.
     `train_only` are task dirs that join the train split whatever their names (generated
-    variants of the tasks, which must never be held out).
-    """
+    variants of the tasks, which must never be held out)."""
     path = Path(path)
     if not path.is_dir():
         raise UsageError(f"{path}: not a directory")
-    if split not in get_args(Split):
-        raise UsageError(f"split {split!r}: one of {', '.join(get_args(Split))}")
-    if not 0.0 < test_fraction < 1.0:
-        raise UsageError(f"test_fraction {test_fraction}: must be between 0 and 1")
     tasks = find_tasks(path)
-    if split != "all":
-        tasks = [t for t in tasks if in_test_split(t.name, test_fraction) == (split == "test")]
-    if split != "test":
+    if args.split != "all":
+        in_test = args.split == "test"
+        tasks = [t for t in tasks if in_test_split(t.name, args.test_fraction) == in_test]
+    if args.split != "test":
         tasks += [load_task(p) for p in train_only]
-    if tiers is not None:
-        tasks = [t for t in tasks if t.config.metadata.get("difficulty") in tiers]
+    if args.tiers is not None:
+        tasks = [t for t in tasks if t.config.metadata.get("difficulty") in args.tiers]
     if not tasks:
-        raise UsageError(f"{path}: no task of tiers {tiers} in split {split!r}")
-    return HarborEnvironment(tasks, name=name or path.resolve().name, **kwargs)
+        raise UsageError(f"{path}: no task of tiers {args.tiers} in split {args.split!r}")
+    return HarborEnvironment(tasks, name or path.resolve().name, args)
 
 
 def _fail(grading: Grading, fault: AgentFault) -> None:

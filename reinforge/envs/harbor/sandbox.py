@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Sequence
-from typing import TypeVar
+from typing import Literal, TypeVar, get_args
 
 from reinforge.envs.environment import Environment, Harness
 from reinforge.envs.episode import Episode
@@ -23,7 +23,8 @@ from reinforge.sandbox.local import LocalProvider
 from reinforge.sandbox.pool import PooledSandbox, SandboxPool
 from reinforge.sandbox.protocol import ExecResult, SandboxProvider, SandboxSpec
 
-TOOL_NAMES = ("bash", "read_file", "write_file", "edit")
+ToolName = Literal["bash", "read_file", "write_file", "edit"]
+TOOL_NAMES: tuple[ToolName, ...] = get_args(ToolName)
 SANDBOX = "sandbox"
 """The key of the episode's sandbox in `Episode.resources`."""
 

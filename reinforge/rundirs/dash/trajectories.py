@@ -37,7 +37,8 @@ def advantages(
         config = TrainerConfig.model_validate(trainer)
     except ValidationError as error:
         where, problem = first_problem(error)
-        return [None] * len(trajectories), f"the run's trainer.{where}: {problem}"
+        key = f"trainer.{where}" if where else "trainer"  # "": the section's own rule
+        return [None] * len(trajectories), f"the run's {key}: {problem}"
     groups: dict[str, list[Trajectory]] = {}
     for trajectory in trajectories:
         groups.setdefault(trajectory.group_id, []).append(trajectory)

@@ -3,9 +3,8 @@
 Each task directory under `tasks/` has an instruction, a Dockerfile that the local
 backend replays (FROM, WORKDIR, COPY), hidden tests run after the agent phase and a
 reference solution (`--agent oracle`). The tiers are in each task.toml's
-`[metadata] difficulty`. `generated` adds that many generated easy tasks
-(`generated/`) to the train split, of the `generated_kinds` named (all by default);
-`generated_only` leaves the written tasks out.
+`[metadata] difficulty`. `generated` adds generated easy tasks (`generated/`) to the
+train split.
 """
 
 from __future__ import annotations
@@ -15,52 +14,80 @@ import shutil
 import tempfile
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
+
+from pydantic import Field, field_validator, model_validator
 
 from reinforge.envs.builtin.coding.generated import KINDS, generate, named
 from reinforge.envs.environment import Environment
+from reinforge.envs.harbor.environment import HarborArgs
 from reinforge.envs.harbor.environment import load_environment as load_harbor
-from reinforge.errors import UsageError
+from reinforge.types import Section, refuse_moved
 
 TASKS = Path(__file__).parent / "tasks"
 
 
-def load_environment(
-    generated: int = 0,
-    generated_seed: int = 0,
-    generated_kinds: list[str] | None = None,
-    generated_only: bool = False,
-    **kwargs: Any,
-) -> Environment:
-    """`generated_kinds` narrows the generated tasks to some kinds: to measure a policy
-    on one kind, or to train on it. GRPO on the kinds the warm-up fails most forgot the
-    others (docs/coding-job.md, "What did not work"), so the agentic job draws them all.
+class Generated(Section):
+    """Generated easy tasks: variants of the easy tier's kinds of work that only ever join
+    the train split, so the held-out tasks stay the written ones."""
 
-    `generated_only` measures a policy on its training distribution: generated tasks
-    drawn with a `generated_seed` that training did not use are unseen tasks of the
-    kinds it trained on, where the written test split measures how far that carries."""
-    if generated < 0:
-        raise UsageError(f"generated {generated}: must be 0 or more")
-    kinds = list(KINDS) if generated_kinds is None else generated_kinds
-    unknown = sorted(set(kinds) - set(KINDS))
-    if unknown or not kinds:
-        raise UsageError(f"generated_kinds {kinds}: name one or more of {', '.join(KINDS)}")
-    if generated and kwargs.get("split") == "test":
-        raise UsageError(
-            "generated tasks only join the train split; the test split is the written tasks"
-        )
-    if not generated:
-        if generated_only:
-            raise UsageError("generated_only leaves only the generated tasks: set generated > 0")
-        return load_harbor(TASKS, name="coding", **kwargs)
+    tasks: int = Field(ge=1)
+    """How many, the `kinds` taken in turn."""
+    seed: int = 0
+    """Draws them: tasks drawn with a seed that training did not use are unseen tasks of
+    the kinds it trained on."""
+    kinds: list[str] = Field(default_factory=lambda: list(KINDS), min_length=1)
+    """The kinds to generate (all by default): to measure a policy on one kind, or to train
+    on it. GRPO on the kinds the warm-up fails most forgot the others (docs/coding-job.md,
+    "What did not work"), so the agentic job draws them all."""
+    only: bool = False
+    """Leave the written tasks out: with a `seed` training did not use, this measures a
+    policy on its training distribution, where the written test split measures how far
+    that carries."""
+
+    @field_validator("kinds")
+    @classmethod
+    def _known(cls, kinds: list[str]) -> list[str]:
+        unknown = sorted(set(kinds) - set(KINDS))
+        if unknown:
+            raise ValueError(f"unknown kinds {unknown}: name one or more of {', '.join(KINDS)}")
+        return kinds
+
+
+class Args(HarborArgs):
+    generated: Generated | None = None
+    """Generated tasks joining the train split; None: the written tasks only."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        """The generated tasks' arguments before they were one section: each old key is one
+        line saying where it went."""
+        if isinstance(data, dict) and isinstance(data.get("generated"), int):
+            raise ValueError("generated = N moved to generated.tasks = N")
+        moved = {f"generated_{key}": f"generated.{key}" for key in ("seed", "kinds", "only")}
+        return refuse_moved(data, moved)
+
+    @model_validator(mode="after")
+    def _generated_tasks_train(self) -> Self:
+        if self.generated is not None and self.split == "test":
+            raise ValueError(
+                "generated tasks only join the train split; the test split is the written tasks"
+            )
+        return self
+
+
+def load_environment(args: Args) -> Environment:
+    generated = args.generated
+    if generated is None:
+        return load_harbor(TASKS, args, name="coding")
     root = Path(tempfile.mkdtemp(prefix="reinforge-coding-"))
     atexit.register(shutil.rmtree, root, ignore_errors=True)
-    paths = generate(generated, generated_seed, root, kinds, avoid=written_names())
-    if generated_only:  # every generated task is a train task: train keeps them all
-        if kwargs.get("split") == "train":
-            kwargs["split"] = "all"
-        return load_harbor(root, name="coding", **kwargs)
-    return load_harbor(TASKS, name="coding", train_only=paths, **kwargs)
+    avoid = written_names()
+    paths = generate(generated.tasks, generated.seed, root, generated.kinds, avoid=avoid)
+    if generated.only:  # every generated task is a train task: keep them all
+        return load_harbor(root, args.model_copy(update={"split": "all"}), name="coding")
+    return load_harbor(TASKS, args, name="coding", train_only=paths)
 
 
 @cache
