@@ -32,6 +32,9 @@ from reinforge.errors import ConfigError, UsageError, describe, first_problem
 from reinforge.types import Task
 
 GROUP = "reinforge.environments"
+TASK_FORMATS = "reinforge.task_formats"
+"""Loaders of a directory of tasks, registered as environments are: the API names no
+format's code, so harbor/ imports the API and never the reverse."""
 FILE_FUNCTION = "load_environment"
 
 
@@ -96,10 +99,9 @@ def validated_args(model: type[BaseModel], args: dict[str, Any]) -> BaseModel:
 
 
 def _factory(spec: str) -> Callable[..., Any]:
-    if Path(spec).is_dir():  # a Harbor task set: the API's one way into harbor/, lazily
-        from reinforge.envs.harbor.environment import load_environment as load_harbor
-
-        return partial(load_harbor, spec)
+    if Path(spec).is_dir():  # a task set, loaded by its format's loader (Harbor's)
+        formats = {ep.name: ep for ep in entry_points(group=TASK_FORMATS)}
+        return partial(formats["harbor"].load(), spec)
     if spec.endswith(".py") or Path(spec).is_file():
         return _from_file(Path(spec))
     if ":" in spec:
