@@ -82,8 +82,6 @@ class RayCluster:
         if ray is None:
             raise UsageError("cluster.backend = ray needs Ray: pip install 'reinforge[ray]'")
         self.config = config
-        self.node = ray.util.get_node_ip_address()
-        """The run's own node: where rank 0 and the engines must be (the weights file)."""
         address = config.cluster.address or None
         options: dict[str, Any] = {}
         if address is None:  # this machine alone: as many CPUs as the run's processes ask
@@ -102,6 +100,10 @@ class RayCluster:
         if hidden is not None:
             ray.shutdown()
             raise UsageError(hidden)
+        self.node = _node()
+        """The run's own node: where rank 0 and the engines must be (their URLs are its
+        127.0.0.1, and rank 0 writes the weights to a file of it). By Ray's node id: two
+        nodes of one machine share an IP address."""
 
     def ranks(self, config: TrainerConfig, factory: Any, *args: Any) -> RayRanks:
         return RayRanks(self, config, factory, args)
@@ -144,9 +146,9 @@ class RayCluster:
     def require_here(self, node: str, what: str) -> None:
         if node != self.node:
             raise UsageError(
-                f"Ray placed {what} on node {node}, not the run's ({self.node}): the "
-                "weights go to the engines as a file of the run's machine, so rank 0 and "
-                "the engines run there so far (docs/scale.md)"
+                f"Ray placed {what} on node {node}, not the run's ({self.node}): engines "
+                "are reached at the run's 127.0.0.1 and rank 0 writes the weights on its "
+                "node, so rank 0 and the engines run there so far (docs/scale.md)"
             )
 
 
@@ -188,7 +190,7 @@ class RankActor:
     """One trainer rank in a Ray actor: joins the group, holds the factory's object."""
 
     def node(self) -> str:
-        return ray.util.get_node_ip_address()
+        return _node()
 
     def rendezvous(self) -> str:
         """A TCP rendezvous at this actor's node: rank 0's."""
@@ -270,7 +272,7 @@ class EngineActor:
         self.process: subprocess.Popen[bytes] | None = None
 
     def node(self) -> str:
-        return ray.util.get_node_ip_address()
+        return _node()
 
     def start(self, index: int) -> int:
         """The engine, answering; its port."""
@@ -471,6 +473,11 @@ def _packed(trainer: PolicyTrainer, dtype: torch.dtype) -> list[Bucket]:
         path = Path(folder) / "weights.safetensors"
         trainer.write_weights(path)
         return pack(load_file(path), dtype)
+
+
+def _node() -> str:
+    """This process's Ray node, by id."""
+    return ray.get_runtime_context().get_node_id()
 
 
 def _ask(method: Any, who: str) -> Any:
