@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from pathlib import Path
@@ -29,6 +30,7 @@ from .conftest import require_vllm
 from .test_remote_engine import assert_samples_with
 
 TWO = ("engines.kind=spawned", "engines.count=2")
+RELEASE_ENV = str(ROOT / "tests" / "data" / "release_env.py")
 
 
 def holding(folder: Path) -> set[int]:
@@ -115,6 +117,17 @@ def test_a_killed_run_leaves_no_engine(tmp_path):
     assert gone(tmp_path / "r" / "engines")
 
 
+def _until_said(run: subprocess.Popen[str], line: str) -> str:
+    """The run's stderr up to and with the first line holding `line` (or to its end)."""
+    assert run.stderr is not None
+    said = ""
+    for text in run.stderr:
+        said += text
+        if line in text:
+            break
+    return said
+
+
 def _kill_engine_once_stepped(run: subprocess.Popen[str], folder: Path, index: int) -> None:
     """SIGKILL engine `index` of the run writing `folder` once its first step is recorded:
     the next step's rollouts are in flight then."""
@@ -126,15 +139,25 @@ def _kill_engine_once_stepped(run: subprocess.Popen[str], folder: Path, index: i
 
 
 def test_an_engine_killed_mid_run_is_restarted_and_no_rollout_fails(tmp_path):
-    argv = tiny_train(tmp_path, "run.steps=4", *TWO)
+    # Steps 3 and 4 wait for `release`, made once the run has said it restarts the engine:
+    # a tiny model's steps could otherwise all end before its supervisor looks again.
+    release = tmp_path / "release"
+    env = [f"env.name={RELEASE_ENV}", f"env.args.release={str(release)!r}"]
+    argv = tiny_train(tmp_path, "run.steps=4", *TWO, *env)
     run = subprocess.Popen(
         argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
     folder = tmp_path / "r"
     _kill_engine_once_stepped(run, folder, 1)
-    _, stderr = run.communicate(timeout=600)
+    said = "reinforge: engine 1 exited with code -9; restarting it (1 of at most 3"
+    unsaid = threading.Timer(300, release.touch)  # never said: the run ends, the test fails
+    unsaid.start()
+    stderr = _until_said(run, said)
+    release.touch()
+    unsaid.cancel()
+    stderr += run.communicate(timeout=600)[1]
     assert run.returncode == 0, stderr
-    assert "reinforge: engine 1 exited with code -9; restarting it (1 of at most 3" in stderr
+    assert said in stderr
     rows = _rows(folder)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert sum(r["restarts"] for r in rows) == 1
