@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from reinforge.config import Config
 from reinforge.errors import UsageError
@@ -47,19 +47,17 @@ from reinforge.orchestrate.engine_processes import (
     silent,
     spawn,
 )
+from reinforge.orchestrate.ray_weights import ObjectStorePush
 from reinforge.orchestrate.weight_sync import (
     EngineGone,
     EngineLinks,
     FilePush,
-    check_versions,
     post_to_engine,
     weights_folder,
 )
-from reinforge.policy.weight_buckets import Bucket, pack, total_bytes, unpack
+from reinforge.policy.weight_buckets import Bucket, unpack
 from reinforge.train.config import TrainerConfig
 from reinforge.train.ranks import RankFailed, failure_line, join_group
-from reinforge.train.trainable import full_weights
-from reinforge.train.trainer import PolicyTrainer, Trainer
 
 try:
     import ray
@@ -429,50 +427,6 @@ class RayEngines:
             ray.kill(actor)
         self._actors = []
         _release(self)
-
-
-class ObjectStorePush(EngineLinks):
-    """The trainer's weights, cast to `engine.dtype` and packed in buckets
-    (`policy/weight_buckets.py`), put once in Ray's object store; each engine's actor takes
-    them on its own node and hands them to its engine over localhost, so no file path
-    crosses nodes. The last push stays in the store, for a restarted engine."""
-
-    def __init__(self, engines: RayEngines, dtype: torch.dtype) -> None:
-        super().__init__(engines.urls, engines.token, supervised=True)
-        self._engines = engines
-        self._dtype = dtype
-        self._last: list[Any] = []
-        """The last push's buckets in the object store (their refs keep them there)."""
-
-    def _deliver(self, trainer: PolicyTrainer, version: int) -> tuple[int, int, float]:
-        started = time.perf_counter()
-        buckets = _packed(trainer, self._dtype)
-        self._last = [ray.put(bucket) for bucket in buckets]
-        pack_s = time.perf_counter() - started
-        up = self.up()
-        served = self._engines.give(up, version, self._last)
-        for index, answer in zip(up, served, strict=True):
-            if answer is None:
-                self._joined[index] = False  # died: its supervisor brings it back
-        check_versions([v for v in served if v is not None], version)
-        took = sum(v is not None for v in served)
-        return total_bytes(buckets) * took, took, pack_s
-
-    def _give_last(self, index: int) -> None:
-        if self._engines.give([index], self.version, self._last) == [None]:
-            raise EngineGone(f"engine {index} did not take the weights")
-
-
-def _packed(trainer: PolicyTrainer, dtype: torch.dtype) -> list[Bucket]:
-    """The trainer's complete weights (LoRA merged) in buckets. A sharded trainer's come
-    through the file its rank 0 writes on the run's node."""
-    if isinstance(trainer, Trainer):
-        with full_weights(trainer.model) as weights:
-            return pack(weights, dtype)
-    with tempfile.TemporaryDirectory(prefix="reinforge-weights-") as folder:
-        path = Path(folder) / "weights.safetensors"
-        trainer.write_weights(path)
-        return pack(load_file(path), dtype)
 
 
 def _node() -> str:

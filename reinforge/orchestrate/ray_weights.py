@@ -1,0 +1,70 @@
+"""The weights of a Ray run through Ray's object store (`engines.weight_sync =
+"object_store"`): put once by the driver, taken by each engine's actor on its own node
+(`EngineActor.take_weights`), so that no file path crosses nodes."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from safetensors.torch import load_file
+
+from reinforge.orchestrate.weight_sync import EngineGone, EngineLinks, check_versions
+from reinforge.policy.weight_buckets import Bucket, pack, total_bytes
+from reinforge.train.trainable import full_weights
+from reinforge.train.trainer import PolicyTrainer, Trainer
+
+try:
+    import ray
+except ImportError:  # a Ray run says so in one line (`RayCluster`)
+    ray = None
+
+if TYPE_CHECKING:
+    from reinforge.orchestrate.ray_cluster import RayEngines
+
+
+class ObjectStorePush(EngineLinks):
+    """The trainer's weights, cast to `engine.dtype` and packed in buckets
+    (`policy/weight_buckets.py`), put once in Ray's object store; each engine's actor takes
+    them on its own node and hands them to its engine over localhost, so no file path
+    crosses nodes. The last push stays in the store, for a restarted engine."""
+
+    def __init__(self, engines: RayEngines, dtype: torch.dtype) -> None:
+        super().__init__(engines.urls, engines.token, supervised=True)
+        self._engines = engines
+        self._dtype = dtype
+        self._last: list[Any] = []
+        """The last push's buckets in the object store (their refs keep them there)."""
+
+    def _deliver(self, trainer: PolicyTrainer, version: int) -> tuple[int, int, float]:
+        started = time.perf_counter()
+        buckets = _packed(trainer, self._dtype)
+        self._last = [ray.put(bucket) for bucket in buckets]
+        pack_s = time.perf_counter() - started
+        up = self.up()
+        served = self._engines.give(up, version, self._last)
+        for index, answer in zip(up, served, strict=True):
+            if answer is None:
+                self._joined[index] = False  # died: its supervisor brings it back
+        check_versions([v for v in served if v is not None], version)
+        took = sum(v is not None for v in served)
+        return total_bytes(buckets) * took, took, pack_s
+
+    def _give_last(self, index: int) -> None:
+        if self._engines.give([index], self.version, self._last) == [None]:
+            raise EngineGone(f"engine {index} did not take the weights")
+
+
+def _packed(trainer: PolicyTrainer, dtype: torch.dtype) -> list[Bucket]:
+    """The trainer's complete weights (LoRA merged) in buckets. A sharded trainer's come
+    through the file its rank 0 writes on the run's node."""
+    if isinstance(trainer, Trainer):
+        with full_weights(trainer.model) as weights:
+            return pack(weights, dtype)
+    with tempfile.TemporaryDirectory(prefix="reinforge-weights-") as folder:
+        path = Path(folder) / "weights.safetensors"
+        trainer.write_weights(path)
+        return pack(load_file(path), dtype)
