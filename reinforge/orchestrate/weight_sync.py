@@ -12,7 +12,8 @@ the other back. Three transports, by where the engine holds its weights:
 | `FilePush`      | `reinforge serve` processes              | one safetensors file each   |
 |                 |                                          | engine loads, at once       |
 | `ObjectStore-   | `reinforge serve` in Ray actors          | buckets in Ray's object     |
-| Push` (Ray)     | (`orchestrate/ray_cluster.py`)           | store, one copy per node    |
+| Push` (Ray,     | (`orchestrate/ray_cluster.py`)           | store, one copy per node    |
+| `ray_weights`)  |                                          |                             |
 
 Shared tensors need one thing more: no decode step may read them while the optimizer
 writes them. The trainer takes the engine as its `weights_lock` for that, which it holds
