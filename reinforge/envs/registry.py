@@ -1,5 +1,6 @@
-"""Finding environments: by file path, by `module:function`, by installed name, or a
-directory of Harbor tasks (one holding task.toml, or a folder of such directories).
+"""Finding environments: by file path, by `module:function`, by installed name, by
+`<source>:<name>` for another framework's environments, or a directory of Harbor tasks
+(one holding task.toml, or a folder of such directories).
 
 Every route ends at a function returning an `Environment`. Installed packages register
 theirs under the entry-point group `reinforge.environments`, the built-ins included, so
@@ -35,6 +36,10 @@ GROUP = "reinforge.environments"
 TASK_FORMATS = "reinforge.task_formats"
 """Loaders of a directory of tasks, registered as environments are: the API names no
 format's code, so harbor/ imports the API and never the reverse."""
+SOURCES = "reinforge.env_sources"
+"""Other frameworks' environments, named `<source>:<name>`: the source's loader takes the
+name first, then `env.args` as any loader does. A source's prefix wins over a module of
+the same name, so `verifiers:x` is always verifiers' environment `x`."""
 FILE_FUNCTION = "load_environment"
 
 
@@ -106,6 +111,9 @@ def _factory(spec: str) -> Callable[..., Any]:
         return _from_file(Path(spec))
     if ":" in spec:
         module_name, _, attribute = spec.partition(":")
+        sources = {ep.name: ep for ep in entry_points(group=SOURCES)}
+        if module_name in sources:
+            return partial(sources[module_name].load(), attribute)
         try:
             module = importlib.import_module(module_name)
         except Exception as error:  # not found, or the module itself is broken
