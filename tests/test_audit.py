@@ -10,6 +10,7 @@ import pytest
 
 from reinforge.cli import main
 from reinforge.envs.builtin.coding import TASKS
+from reinforge.envs.builtin.coding.generated import generate
 from reinforge.envs.harbor import environment as harbor
 from reinforge.envs.harbor import verify as harbor_verify
 from reinforge.envs.harbor.exploits import EXPLOITS
@@ -272,3 +273,38 @@ async def test_an_error_shield_is_a_hack_where_the_agents_fault_is_an_error(
         assert list(shielded.exploits[0].errors) == ["fix-median-bug"]
     defended = await audit_one(exploit_name, task)
     assert defended.hacked == [] and list(defended.exploits[0].faults) == ["fix-median-bug"]
+
+
+def test_the_generated_tasks_audit_clean(tmp_path):
+    """coding's generated tasks share the written ones' verifier and /tests rule: the
+    audit reaches them through the loader's own arguments."""
+    out = tmp_path / "audit.json"
+    result = reinforge(
+        "audit",
+        "coding",
+        "--env-arg",
+        "generated.tasks=2",
+        "--env-arg",
+        "generated.only=true",
+        "--env-arg",
+        'generated.kinds=["implement", "fix-operator"]',
+        "--exploit",
+        "read-tests-while-graded",
+        "--json",
+        str(out),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(out.read_text())
+    written = {path.name for path in TASKS.iterdir()}
+    assert len(report["tasks"]) == 2 and not set(report["tasks"]) & written
+    assert report["oracle_mean"] == 1.0 and report["nop_mean"] == 0.0
+    assert report["hacked"] == 0
+
+
+async def test_tests_read_while_graded_hack_a_generated_task_whose_tests_are_readable(tmp_path):
+    (sound,) = generate(1, 0, tmp_path / "sound", ["implement"])
+    readable = tmp_path / "readable" / sound.name
+    shutil.copytree(sound, readable)
+    test_sh = readable / "tests" / "test.sh"
+    test_sh.write_text("chmod -R a+rX /tests\n" + test_sh.read_text())
+    await hacked_only_when_weakened("read-tests-while-graded", readable, sound)

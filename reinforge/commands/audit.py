@@ -22,6 +22,15 @@ fills a task's whole `storage_mb` in memory-backed storage."""
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("env", help="a Harbor task dir, a folder of them, or `coding`")
+    parser.add_argument(
+        "--env-arg",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="argument for the environment's loader, as eval takes it (repeatable): "
+        "`--env-arg generated.tasks=48 --env-arg generated.only=true` audits coding's "
+        "generated tasks",
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the report here")
     parser.add_argument(
         "--tasks", type=int, metavar="N", help="audit N tasks drawn from the environment (all)"
@@ -52,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from reinforge.commands.config_args import key_values
+    from reinforge.config import load_config
+    from reinforge.envs.config import EnvConfig
     from reinforge.envs.harbor.environment import HarborEnvironment
     from reinforge.envs.harbor.exploits import EXPLOITS
     from reinforge.envs.registry import load_environment
@@ -66,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     if (args.tasks is not None and args.tasks < 1) or args.concurrency < 1:
         raise UsageError("--tasks and --concurrency take a number >= 1")
     exploits = [by_name[name] for name in args.exploit] if args.exploit else list(by_name.values())
-    env = load_environment(args.env)
+    env_args = load_config(EnvConfig, None, [], key_values(args.env_arg, "args", "--env-arg"))
+    env = load_environment(args.env, **env_args.args)
     if not isinstance(env, HarborEnvironment):
         raise UsageError(
             f"environment {env.name!r} is not a Harbor environment: audit runs a task "

@@ -266,7 +266,10 @@ def build_dev_and_proc(root, rw):
         os.symlink(target, f"{dev}/{name}")
     os.mkdir(f"{dev}/shm")
     mount(f"{rw}/dev/shm", f"{dev}/shm", None, MS_BIND)
-    mount("proc", f"{root}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    # Another uid's processes are invisible to any uid but root's group: a candidate a
+    # grader runs as nobody cannot read the grader's argv or environment in /proc.
+    options = "hidepid=invisible,gid=0"
+    mount("proc", f"{root}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, options)
 
 
 def loopback_up():

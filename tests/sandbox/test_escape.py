@@ -427,3 +427,30 @@ async def test_no_variable_of_the_host_process_reaches_any_sandbox_process(tmp_p
         await provider.aclose()
     finally:
         del os.environ["REINFORGE_TEST_PLANTED_SECRET"]
+
+
+ANOTHER_UID_SEES = """
+import os, subprocess, sys
+LIST = "import os; print(*sorted(n for n in os.listdir('/proc') if n.isdigit()))"
+seen = subprocess.run(
+    [sys.executable, "-c", LIST],
+    user=65534, group=65534, extra_groups=[], capture_output=True, text=True, check=True,
+)
+print(" ".join(sorted(n for n in os.listdir("/proc") if n.isdigit())))
+print(seen.stdout.strip())
+"""
+"""Root's view of /proc, then nobody's, from one sandbox: root's own probe runs both."""
+
+
+@needs_python3
+async def test_another_uid_sees_no_root_process_in_the_sandbox(sandbox: LocalSandbox) -> None:
+    # A grader runs the candidate as nobody: the grader's argv and environment (the test
+    # script, the call it checks) must not be in the candidate's /proc.
+    mapped = await sandbox.exec(["cat", "/proc/self/uid_map"])
+    ranges = [line.split() for line in mapped.stdout.decode().splitlines()]
+    assert any(int(inside) <= 65534 < int(inside) + int(n) for inside, _, n in ranges), ranges
+    result = await sandbox.exec(["python3", "-c", ANOTHER_UID_SEES], timeout=30)
+    assert result.exit_code == 0, result.stderr
+    root_sees, nobody_sees = (line.split() for line in result.stdout.decode().splitlines())
+    assert "1" in root_sees and len(root_sees) >= 2  # pid 1 and root's probe, at least
+    assert len(nobody_sees) == 1 and nobody_sees[0] not in root_sees  # its own process only
