@@ -4,7 +4,9 @@ chat template, the real server and episode client, real subprocesses."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from reinforge.cli import main
+from reinforge.config import Config, load_config
 from reinforge.envs.registry import load_environment
+from reinforge.errors import Interrupted
+from reinforge.orchestrate import sft as orchestrate_sft
+from reinforge.orchestrate.sft import sft_config, train_sft
 from reinforge.policy.chat import ChatFormat
 from reinforge.policy.client import PolicyClient
 from reinforge.policy.config import EngineConfig, SamplingConfig
@@ -26,7 +32,7 @@ from reinforge.rollout.config import RolloutConfig
 from reinforge.rollout.generator import generate_groups
 from reinforge.rollout.store import read_trajectories
 from reinforge.train.config import SFTConfig
-from reinforge.train.sft import epoch_batches, load_data, to_example
+from reinforge.train.sft import epoch_batches, load_data, to_example, train_batch
 from reinforge.types import Status, Trajectory
 
 from .commands import reinforge
@@ -299,3 +305,35 @@ def _write(path: Path, rewards_and_statuses: list[tuple[float, str]]) -> Path:
     ]
     path.write_text("".join(t.model_dump_json() + "\n" for t in rows))
     return path
+
+
+def test_ctrl_c_lets_the_step_in_flight_finish_and_checkpoints_it(tmp_path, monkeypatch):
+    eval_dir = evaluate(tmp_path / "eval", max_tokens=8)
+    args = [
+        "model.name=tiny-random", f"sft.data={eval_dir}", 'sft.statuses=["ok", "truncated"]',
+        "sft.epochs=2", "sft.batch_size=4", f"run.dir={tmp_path}", "run.name=r",
+    ]  # fmt: skip
+    config = load_config(Config, None, args)
+    examples = load_data(config.sft, load_tokenizer("tiny-random")).examples
+    config = sft_config(config, len(examples))
+    batches = []
+
+    def ctrl_c_in_step_2(rows):  # the signal arrives as step 2 starts training
+        batches.append(rows)
+        if len(batches) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return train_batch(rows)
+
+    monkeypatch.setattr(orchestrate_sft, "train_batch", ctrl_c_in_step_2)
+    with pytest.raises(Interrupted) as stopped:
+        train_sft(config, examples, lambda metrics: None)
+    assert str(stopped.value) == "step 2 finished, as it was training; checkpoint of step 2 saved"
+    run = tmp_path / "r"
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2] and [p.name for p in (run / "checkpoints").iterdir()] == ["step_00002"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C as before
+
+    resumed = reinforge("sft", *args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]

@@ -3,19 +3,26 @@
 The data (which trajectories, rendered how) comes from `reinforge.train.sft`; this module
 orders it into batches by seed and epoch, steps the trainer, and records the run the way
 an RL run is recorded, so `--resume` continues from the last checkpoint.
+
+Ctrl-C lets the step in flight finish and be recorded (an optimizer step cut halfway would
+leave weights no checkpoint describes), checkpoints it and ends with `Interrupted`; a
+second Ctrl-C stops at once, with only the checkpoints written so far.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
-from collections.abc import Callable
-from contextlib import closing
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
+from types import FrameType
 
 import torch
 
 from reinforge.config import Config
-from reinforge.errors import UsageError
+from reinforge.errors import Interrupted, UsageError
 from reinforge.orchestrate.cluster import open_cluster, open_trainer
 from reinforge.orchestrate.metrics import SftStepMetrics
 from reinforge.orchestrate.record import RunRecorder
@@ -76,6 +83,7 @@ def train_sft(
         RunRecorder(config, tokenizer, start, resume, overwrite) as recorder,
         open_cluster(config) as cluster,
         closing(open_trainer(config, config.trainer, cluster, checkpoint)) as trainer,
+        _finishing_steps() as interrupted,
     ):
         for step in range(start, len(steps)):
             epoch, rows = steps[step]
@@ -92,4 +100,29 @@ def train_sft(
             )
             recorder.record(step + 1, metrics, trainer, {"examples": len(examples)})
             on_step(metrics)
+            if interrupted.is_set():
+                saved = recorder.save_last(trainer)
+                raise Interrupted(f"step {step + 1} finished, as it was training; {saved}")
     return run_dir
+
+
+@contextmanager
+def _finishing_steps() -> Iterator[threading.Event]:
+    """An event that the first Ctrl-C sets instead of raising, for the loop to stop at once
+    the step is recorded; a second raises KeyboardInterrupt. Outside the main thread, where
+    no signal arrives, the event is never set."""
+    interrupted = threading.Event()
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        if interrupted.is_set():
+            raise KeyboardInterrupt
+        interrupted.set()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupted
+        return
+    previous = signal.signal(signal.SIGINT, note)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
