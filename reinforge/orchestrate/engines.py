@@ -66,14 +66,15 @@ def train_and_sync(
     the trainer to the engines. Runs in a worker thread while the rollout side goes on."""
     version = engine.version + 1
     with engine.training():
-        trained = trainer.step(batch)
+        with engine.sync.training(trainer):
+            trained = trainer.step(batch)
         return trained, engine.sync.push(trainer, version)
 
 
 class LocalEngine:
     """The engine in this process (`engines.kind = "in_process"`). The built-in engine in
     float32 runs the trainer's own model: no second copy, and the optimizer step, made
-    under the engine's lock, is the sync. A bfloat16 engine, or vLLM, keeps its own copy,
+    while the engine is held, is the sync. A bfloat16 engine, or vLLM, keeps its own copy,
     refreshed after each step."""
 
     def __init__(
@@ -89,7 +90,7 @@ class LocalEngine:
         if shares_weights:
             shared = Engine(trainer.model, tokenizer, config.model.name, config.engine)
             shared.version = version
-            self.engine, self.sync = shared, SharedWeights(shared, trainer)
+            self.engine, self.sync = shared, SharedWeights(shared)
         else:
             self.engine = load_engine(config.model, config.engine)
             with full_weights(trainer.model) as weights:  # a checkpoint's or merged weights

@@ -16,8 +16,9 @@ the other back. Three transports, by where the engine holds its weights:
 | `ray_weights`)  |                                          |                             |
 
 Shared tensors need one thing more: no decode step may read them while the optimizer
-writes them. The trainer takes the engine as its `weights_lock` for that, which it holds
-around its updates; the version moves on as the lock is let go.
+writes them. The loop trains inside `sync.training(trainer)`, where `SharedWeights` holds
+the engine from the optimizer's first update (its own step hook) to the step's end, when
+the version moves on; the trainer itself knows nothing of engines.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -57,6 +60,10 @@ class Synced:
 
 
 class WeightSync(Protocol):
+    def training(self, trainer: PolicyTrainer) -> AbstractContextManager[None]:
+        """Around the trainer's step: what engines reading its very tensors need."""
+        ...
+
     def push(self, trainer: PolicyTrainer, version: int) -> Synced:
         """Every engine samples the trainer's weights as `version` from its next decode
         step on. Runs in the training thread while the rollout side goes on."""
@@ -64,14 +71,30 @@ class WeightSync(Protocol):
 
 
 class SharedWeights:
-    """The engine decodes with the trainer's own model: no second copy. The trainer
-    changes the weights under the engine's lock (it becomes the trainer's
-    `weights_lock`), and the last update moves the engine's version on."""
+    """The engine decodes with the trainer's own model: no second copy. No decode step
+    runs from the optimizer's first update of a step to the step's end, so no token comes
+    from weights between two of a batch's updates, which no version names; the version
+    moves on as the hold ends."""
 
-    def __init__(self, engine: Engine, trainer: Trainer) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        trainer.weights_lock = engine
         self._sync_s = engine.stats.sync_s
+
+    @contextmanager
+    def training(self, trainer: PolicyTrainer) -> Iterator[None]:
+        assert isinstance(trainer, Trainer)  # in this process: `LocalEngine` sees to it
+        with ExitStack() as hold:  # a step that raises leaves the version as it was
+
+            def first_update(*_: Any) -> None:
+                if not held:
+                    held.append(hold.enter_context(self.engine.weight_update()))
+
+            held: list[int] = []
+            hook = trainer.optimizer.register_step_pre_hook(first_update)
+            try:
+                yield
+            finally:
+                hook.remove()
 
     def push(self, trainer: PolicyTrainer, version: int) -> Synced:
         if self.engine.version != version:
@@ -94,6 +117,9 @@ class CopiedWeights:
 
     def __init__(self, engine: SamplingEngine) -> None:
         self.engine = engine
+
+    def training(self, trainer: PolicyTrainer) -> AbstractContextManager[None]:
+        return nullcontext()
 
     def push(self, trainer: PolicyTrainer, version: int) -> Synced:
         assert isinstance(trainer, Trainer)  # in this process: `open_engine` sees to it
@@ -128,6 +154,9 @@ class EngineLinks(ABC):
         """Engines that hold the last push and take the next: those up, to the pushes."""
         self._lock = threading.Lock()
         """Held by a push and by a rejoin: a restarted engine takes the last push, whole."""
+
+    def training(self, trainer: PolicyTrainer) -> AbstractContextManager[None]:
+        return nullcontext()
 
     def push(self, trainer: PolicyTrainer, version: int) -> Synced:
         started = time.perf_counter()

@@ -9,7 +9,6 @@ rollouts never reach it: `select_for_training` leaves them out.
 from __future__ import annotations
 
 import math
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar
@@ -137,32 +136,6 @@ class _FirstPass(NamedTuple):
     """(b, t), detached: the trainer's own, the anchor of an off-policy correction."""
 
 
-class WeightsLock(Protocol):
-    """Held by the trainer while it changes its weights, for whoever reads the same
-    tensors meanwhile: an engine that decodes with this very model. The trainer knows
-    nothing of engines; weights no one else reads need no lock (`UNSHARED`)."""
-
-    def paused(self) -> AbstractContextManager[None]:
-        """No reads in the body; the version does not change."""
-        ...
-
-    def weight_update(self) -> AbstractContextManager[int]:
-        """No reads in the body, where the weights change; the version moves on at its
-        end."""
-        ...
-
-
-class _Unshared:
-    def paused(self) -> AbstractContextManager[None]:
-        return nullcontext()
-
-    def weight_update(self) -> AbstractContextManager[int]:
-        return nullcontext(0)
-
-
-UNSHARED: WeightsLock = _Unshared()
-
-
 class PolicyTrainer(Protocol):
     """What the loop and the run's checkpoints need of a trainer: the `Trainer` in the
     run's process, or `TrainerRanks` driving a sharded one in other processes."""
@@ -218,30 +191,21 @@ class Trainer:
         self.grad_clip = optim.grad_clip
         self._first_pass: dict[tuple[int, ...], _FirstPass] = {}
         """Per micro-batch (its rows), during a step: what its first pass computed."""
-        self.weights_lock: WeightsLock = UNSHARED
-        """Set by whoever reads the model's tensors while it trains
-        (`orchestrate.weight_sync.SharedWeights`)."""
 
     def step(self, batch: TrainBatch) -> TrainStats:
         """`config.updates_per_batch` optimizer steps over the whole batch, each accumulated
-        over micro-batches; the schedule advances once.
-
-        The last optimizer step runs inside `weights_lock.weight_update()`: a shared
-        engine's, which waits for a decode step boundary and bumps the version. Reads are
-        held from the first update to the last, so that no token comes from weights between
-        two of the batch's updates, which no version names."""
+        over micro-batches; the schedule advances once. Whoever reads the model's tensors
+        meanwhile guards its reads with the optimizer's step hooks
+        (`orchestrate.weight_sync.SharedWeights`): the trainer knows nothing of readers."""
         batch = batch.to(self.device)
         self.model.train()
         plan = micro_batches(batch.lengths, self.config.micro_batch_tokens)
         self._first_pass = {}
-        later = self.config.updates_per_batch - 1
         passes = [self._gradients(batch, plan)]
-        with self.weights_lock.paused() if later else nullcontext():
-            for _ in range(later):
-                self._optimizer_step()
-                passes.append(self._gradients(batch, plan))
-            with self.weights_lock.weight_update():
-                self._optimizer_step()
+        for _ in range(self.config.updates_per_batch - 1):
+            self._optimizer_step()
+            passes.append(self._gradients(batch, plan))
+        self._optimizer_step()
         self.scheduler.step()
         self._first_pass = {}  # a batch's log-probs, not kept past its step
         self.model.eval()

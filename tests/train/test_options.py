@@ -9,6 +9,7 @@ import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,9 +17,11 @@ from transformers import AutoModelForCausalLM
 
 from reinforge.config import Config, load_config
 from reinforge.envs.registry import load_environment
+from reinforge.orchestrate.weight_sync import SharedWeights
 from reinforge.policy.client import PolicyClient
-from reinforge.policy.config import SamplingConfig
-from reinforge.policy.models import load_model
+from reinforge.policy.config import EngineConfig, SamplingConfig
+from reinforge.policy.engine import Engine
+from reinforge.policy.models import load_model, load_tokenizer
 from reinforge.rollout.config import RolloutConfig
 from reinforge.rollout.generator import generate_groups
 from reinforge.train.batching import TrainBatch
@@ -164,17 +167,12 @@ def test_later_updates_of_a_batch_keep_the_first_pass_as_the_proximal_policy(bat
 
 
 class _Watching:
-    """A shared engine that notes what the weights were as each of its holds begins."""
+    """A shared engine that notes what the weights were as its hold begins and ends."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
+        self.stats = SimpleNamespace(sync_s=0.0)
         self.seen: list[tuple[str, dict[str, torch.Tensor]]] = []
-
-    @contextmanager
-    def paused(self) -> Iterator[None]:
-        self.seen.append(("paused", _weights(self.model)))
-        yield
-        self.seen.append(("resumed", _weights(self.model)))
 
     @contextmanager
     def weight_update(self) -> Iterator[int]:
@@ -185,22 +183,40 @@ class _Watching:
 
 @pytest.mark.parametrize("updates", [1, 3])
 def test_a_shared_engine_decodes_no_weights_between_a_batchs_updates(batch, updates):
-    """Held from before the first update to after the last, which alone bumps the
-    version; with one update only the weight update holds it, as before."""
+    """Held from before the first update to after the last, once: the version names the
+    weights after the whole batch."""
     model, trainer = _trainer(f"trainer.updates_per_batch={updates}")
     start = _weights(model)
     engine = _Watching(model)
-    trainer.weights_lock = engine
-    trainer.step(batch)
-    events = [event for event, _ in engine.seen]
-    if updates == 1:
-        assert events == ["update", "updated"]
-    else:
-        assert events == ["paused", "update", "updated", "resumed"]
-        assert _same(engine.seen[0][1], start)  # held before the first update
-    # with several, the earlier updates are made before the last one's weight update
-    assert _same(engine.seen[events.index("update")][1], start) == (updates == 1)
-    assert not _same(engine.seen[events.index("updated")][1], start)
+    sync = SharedWeights(engine)  # type: ignore[arg-type]
+    with sync.training(trainer):
+        trainer.step(batch)
+        assert [event for event, _ in engine.seen] == ["update"]  # still held
+    assert [event for event, _ in engine.seen] == ["update", "updated"]
+    assert _same(engine.seen[0][1], start)
+    assert not _same(engine.seen[1][1], start)
+    trainer.step(batch)  # outside the sync's hold the optimizer's hook is gone
+    assert len(engine.seen) == 2
+
+
+def test_a_step_that_raises_ends_the_hold_without_a_new_version(batch, monkeypatch):
+    model, trainer = _trainer()
+    engine = Engine(model, load_tokenizer("tiny-random"), "tiny-random", EngineConfig())
+    try:
+        sync = SharedWeights(engine)
+        monkeypatch.setattr(trainer.scheduler, "step", _raise)  # after the update
+        with pytest.raises(RuntimeError, match="scheduler"), sync.training(trainer):
+            trainer.step(batch)
+        assert engine.version == 0
+        with engine.weight_update():  # the hold was let go
+            pass
+        assert engine.version == 1
+    finally:
+        engine.close()
+
+
+def _raise() -> None:
+    raise RuntimeError("scheduler")
 
 
 def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
