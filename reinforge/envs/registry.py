@@ -57,6 +57,8 @@ def load_environment(spec: str, /, **kwargs: Any) -> Environment:
         kwargs = {}
     try:
         environment = factory(**kwargs)
+    except UsageError:  # the loader's own line: a source's unknown name, an argument it refuses
+        raise
     except (TypeError, ValueError) as error:
         raise UsageError(f"environment {spec!r} rejected its arguments: {error}") from error
     except Exception as error:

@@ -1,0 +1,195 @@
+"""reasoning-gym's datasets as environments (`reasoning_gym:<dataset>`), through the
+registry and the real commands, on the tiny random model."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from reinforge.envs.ecosystem.reasoning_gym_env import load_environment as load_dataset
+from reinforge.envs.registry import load_environment
+from reinforge.errors import UsageError
+
+from .commands import ROOT, reinforge
+from .conftest import require_extra
+from .envs.scripted import ScriptedClient
+
+DATASETS = ["leg_counting", "basic_arithmetic", "spell_backward"]
+
+
+@pytest.fixture(autouse=True)
+def _reasoning_gym() -> None:
+    require_extra("reasoning_gym", "ecosystem")
+
+
+@pytest.fixture
+def sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyproject.toml's `reinforge.env_sources` table as installed metadata, here and in
+    the commands this test starts: the installed reinforge's metadata is only as new as its
+    last `pip install`, and the test must see the line pyproject holds now."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    table = project["entry-points"]["reinforge.env_sources"]
+    info = tmp_path / "site" / "reinforge_env_sources-0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: reinforge-env-sources\n")
+    lines = [f"{name} = {target}" for name, target in table.items()]
+    (info / "entry_points.txt").write_text("[reinforge.env_sources]\n" + "\n".join(lines))
+    monkeypatch.syspath_prepend(str(info.parent))
+    monkeypatch.setenv("PYTHONPATH", str(info.parent))
+
+
+def test_a_dataset_resolves_through_the_registry_by_its_source(sources):
+    env = load_environment("reasoning_gym:leg_counting", max_animals=3)
+    assert env.name == "reasoning_gym:leg_counting"
+    assert env.tasks(4, seed=1) == load_dataset("leg_counting", max_animals=3).tasks(4, seed=1)
+
+
+def test_tasks_are_the_datasets_drawn_with_the_seed():
+    env = load_dataset("leg_counting")
+    tasks = env.tasks(5, seed=3)
+    assert tasks == env.tasks(5, seed=3) and tasks != env.tasks(5, seed=4)
+    assert [t.id for t in tasks] == [f"leg_counting-3-{i}" for i in range(5)]
+    assert env.tasks(0, seed=3) == []
+    for task in tasks:
+        (message,) = task.prompt
+        assert message == {"role": "user", "content": task.info["entry"]["question"]}
+        assert task.answer == task.info["entry"]["answer"]
+    assert "<answer>" in (env.harness.system_prompt or "")
+
+
+def test_the_config_reaches_the_dataset():
+    for task in load_dataset("leg_counting", min_animals=2, max_animals=2).tasks(10, seed=0):
+        assert len(task.info["entry"]["metadata"]["animals"]) == 2
+
+
+@pytest.mark.parametrize("dataset", DATASETS)
+@pytest.mark.parametrize(
+    ("reply", "score"),
+    [
+        ("<think>I count them.</think>\n<answer>{answer}</answer>", 1.0),
+        ("<answer>?</answer> then <answer>{answer}</answer>", 1.0),  # the last block
+        ("<answer>{answer}</answer> no, <answer>?</answer>", 0.0),
+        ("<answer>?</answer>", 0.0),
+        ("{answer}", 0.0),  # no <answer> block, as reasoning-gym reads it: no answer
+    ],
+)
+async def test_the_rubric_scores_with_the_datasets_own_scorer(dataset, reply, score):
+    env = load_dataset(dataset)
+    for task in env.tasks(3, seed=7):
+        client = ScriptedClient([reply.format(answer=task.answer)])
+        episode = await env.rollout(client, task)
+        (scores,) = await env.rubric.score([episode])
+        assert scores.rewards == {"score_answer": score} and scores.total == score
+
+
+async def test_partial_credit_is_the_scorers_own_float():
+    env = load_dataset("spell_backward")
+    for task in env.tasks(3, seed=0):
+        almost = task.answer[:-1] + "#"
+        episode = await env.rollout(ScriptedClient([f"<answer>{almost}</answer>"]), task)
+        (scores,) = await env.rubric.score([episode])
+        assert 0 < scores.total < 1
+        assert scores.total == env.scorer.score_answer(almost, task.info["entry"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"min_animal": 3}, "config env.args.min_animal: unknown key"),
+        ({"max_animals": "many"}, "config env.args.max_animals: Input should be a valid integer"),
+        ({"min_animals": 5, "max_animals": 2}, "config env.args: max_animals must be >= min"),
+        ({"seed": 3}, "config env.args.seed: set by the run"),
+        ({"size": 10}, "config env.args.size: set by the run"),
+        ({"max_turns": 2}, "config env.args.max_turns: moved to env.max_turns"),
+    ],
+)
+def test_bad_args_are_one_line_naming_the_key(sources, args, message):
+    with pytest.raises(UsageError, match="^" + message):
+        load_environment("reasoning_gym:leg_counting", **args)
+
+
+def test_an_unknown_dataset_lists_close_names_and_how_to_see_all(sources):
+    with pytest.raises(UsageError) as error:
+        load_environment("reasoning_gym:leg_count")
+    assert "unknown reasoning-gym dataset 'leg_count'; close: leg_counting" in str(error.value)
+    assert "print(sorted(DATASETS))" in str(error.value)
+
+
+def test_without_reasoning_gym_the_loader_says_what_to_install(monkeypatch):
+    for module in [m for m in sys.modules if m.split(".")[0] == "reasoning_gym"]:
+        monkeypatch.setitem(sys.modules, module, None)  # as if not installed
+    with pytest.raises(UsageError, match=r"pip install 'reinforge\[ecosystem\]'"):
+        load_dataset("leg_counting")
+
+
+@pytest.mark.parametrize(
+    ("dataset", "args"),
+    [("leg_counting", {"max_animals": 3}), ("basic_arithmetic", {}), ("spell_backward", {})],
+)
+def test_eval_runs_a_dataset(sources, tmp_path, dataset, args):
+    out = tmp_path / "eval"
+    flags = [flag for key, value in args.items() for flag in ("--env-arg", f"{key}={value}")]
+    result = reinforge(
+        "eval",
+        f"reasoning_gym:{dataset}",
+        *flags,
+        "--model",
+        "tiny-random",
+        "--tasks",
+        "3",
+        "--rollouts",
+        "2",
+        "--max-tokens",
+        "16",
+        "--out",
+        str(out),
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["environment"] == f"reasoning_gym:{dataset}"
+    assert summary["scored"] == 6 and set(summary["rewards"]) == {"score_answer"}
+    rows = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    tasks = {t.id: t for t in load_dataset(dataset, **args).tasks(3, seed=0)}
+    assert {row["task_id"] for row in rows} == set(tasks)
+    for row in rows:
+        user = next(m for m in row["messages"] if m["role"] == "user")
+        assert user == tasks[row["task_id"]].prompt[0]  # the arguments reached the dataset
+        assert set(row["rewards"]) == {"score_answer"}
+
+
+def test_eval_refuses_a_misspelt_arg_in_one_line(sources):
+    result = reinforge(
+        "eval", "reasoning_gym:leg_counting", "--env-arg", "max_animal=3", "--model", "tiny-random"
+    )
+    assert result.returncode == 2
+    assert "config env.args.max_animal: unknown key" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_train_runs_a_dataset(sources, tmp_path):
+    result = reinforge(
+        "train",
+        "env.name=reasoning_gym:leg_counting",
+        "model.name=tiny-random",
+        "run.steps=2",
+        f"run.dir={tmp_path}",
+        "run.name=r",
+        "rollout.tasks_per_step=2",
+        "env.max_tokens_per_turn=16",
+    )
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "r"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["scored"] == 8 and set(r["rewards"]) == {"score_answer"} for r in rows)
+    steps = [
+        {json.loads(line)["task_id"] for line in path.read_text().splitlines()}
+        for path in sorted((run / "trajectories").iterdir())
+    ]
+    assert all(ids and all(i.startswith("leg_counting-") for i in ids) for ids in steps)
+    assert steps[0] != steps[1]  # each step draws its own tasks
+    assert (run / "checkpoints" / "step_00002").is_dir()
