@@ -131,14 +131,15 @@ def chat_format(tiny_engine: Engine) -> ChatFormat:
 
 
 @contextmanager
-def http_server(engine: Any) -> Iterator[str]:
+def http_server(engine: Any, config: ServerConfig | None = None) -> Iterator[str]:
     """The server's app over `engine` behind uvicorn on a free port, as `reinforge serve`
     runs it, but in this process, where a test can reach the engine; yields the base URL
     (`.../v1`)."""
     listening = socket.socket()
     listening.bind(("127.0.0.1", 0))
     port = listening.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, ServerConfig()), log_level="warning"))
+    app = create_app(engine, config or ServerConfig())
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listening]}, daemon=True)
     thread.start()
     while not server.started:

@@ -187,6 +187,15 @@ def test_models_and_health(server, client):
         ({"stop_loops": "sometimes"}, "stop_loops"),
         ({"seed": 2**63}, "seed"),  # past 64 bits, signed as OpenAI's
         ({"seed": -(2**63) - 1}, "seed"),
+        ({"prompt_logprobs": 21}, "prompt_logprobs"),
+        ({"prompt_logprobs": -1}, "prompt_logprobs"),
+        ({"prompt_logprobs": 0, "stream": True}, "prompt_logprobs"),
+        ({"tool_choice": "sometimes"}, "tool_choice"),
+        ({"tool_choice": 3}, "tool_choice"),
+        ({"stop": 5}, "stop"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"max_tokens": 3, "max_completion_tokens": 4}, "max_completion_tokens"),
+        ({"top_k": 40}, "top_k"),
         ({"messages": [{"role": "user", "content": [1]}]}, "messages[0].content[0].type"),
         (
             {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}]},
@@ -455,11 +464,13 @@ def test_stop_loops_ends_a_looping_choice_with_finish_reason_loop(any_client, an
     ("body", "param"),
     [
         ({"max_tokens": 0}, "max_tokens"),
-        ({"echo": True, "max_tokens": 3}, "echo"),
-        ({"echo": True}, "echo"),
         ({"echo": True, "max_tokens": 0, "stream": True}, "stream"),
+        ({"echo": True, "max_tokens": 3, "stream": True}, "stream"),
         ({"echo": True, "max_tokens": 0, "logprobs": 21}, "logprobs"),
         ({"echo": True, "max_tokens": 0, "prompt": [1, 10**6]}, "prompt_token_ids"),
+        ({"prompt": "x", "prompt_token_ids": [1, 2]}, "prompt_token_ids"),
+        ({"prompt": {"text": "x"}}, "prompt"),
+        ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
     ],
 )
 def test_echo_requests_it_cannot_serve_are_refused_naming_the_field(server, body, param):
@@ -467,6 +478,177 @@ def test_echo_requests_it_cannot_serve_are_refused_naming_the_field(server, body
     response = httpx.post(f"{server}/v1/completions", json=request)
     assert response.status_code == 400
     assert response.json()["error"]["param"] == param
+
+
+def test_tool_choice_none_offers_no_tools_and_auto_offers_them(client):
+    def prompt(**fields: Any) -> list[int]:
+        reply = client.chat.completions.create(
+            model="tiny-random", messages=[USER], max_tokens=1, **fields
+        )
+        return reply.model_extra["prompt_token_ids"]
+
+    plain, offered = prompt(), prompt(tools=TOOLS)
+    assert offered != plain and prompt(tools=TOOLS, tool_choice="auto") == offered
+    assert prompt(tools=TOOLS, tool_choice="none") == plain
+    assert prompt(tool_choice="none") == plain == prompt(tool_choice="auto")
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "calc"}}])
+def test_a_tool_choice_that_forces_a_call_is_refused_naming_it(client, choice):
+    # Forcing a call means writing tokens the policy did not sample, or masking logits,
+    # which makes every reported log-prob something other than the policy's.
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model="tiny-random", messages=[USER], tools=TOOLS, tool_choice=choice, max_tokens=1
+        )
+    assert caught.value.param == "tool_choice" and "'auto' or 'none'" in caught.value.message
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model="tiny-random", messages=[USER], tools=TOOLS, parallel_tool_calls=False
+        )
+    assert caught.value.param == "parallel_tool_calls"
+
+
+async def test_with_tool_choice_none_a_call_the_policy_writes_stays_its_text(scripted):
+    model, client = scripted
+    model.script = script(CALL)
+    reply = await client.chat.completions.create(
+        model="tiny-random", messages=[USER], tools=TOOLS, tool_choice="none", max_tokens=64
+    )
+    (choice,) = reply.choices
+    assert choice.finish_reason == "stop" and choice.message.tool_calls is None
+    assert choice.message.content == CALL == choice.model_extra["raw_text"]
+
+
+def test_response_format_text_is_taken_and_json_formats_are_refused(client):
+    text = client.chat.completions.create(
+        model="tiny-random",
+        messages=[USER],
+        response_format={"type": "text"},
+        max_tokens=2,
+        seed=4,
+    )
+    plain = client.chat.completions.create(
+        model="tiny-random", messages=[USER], max_tokens=2, seed=4
+    )
+    assert text.choices[0].model_extra["token_ids"] == plain.choices[0].model_extra["token_ids"]
+    schema = {"name": "answer", "schema": {"type": "object"}}
+    for form in ({"type": "json_object"}, {"type": "json_schema", "json_schema": schema}):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(
+                model="tiny-random", messages=[USER], response_format=form, max_tokens=2
+            )
+        assert caught.value.param == "response_format"
+        assert '{"type": "text"}' in caught.value.message
+
+
+def test_a_field_the_server_does_not_take_is_refused_naming_it(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model="tiny-random", messages=[USER], max_tokens=1, extra_body={"top_k": 5}
+        )
+    assert caught.value.param == "top_k" and "not a field" in caught.value.message
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model="tiny-random", prompt="x", max_tokens=1, best_of=2)
+    assert caught.value.param == "best_of"
+
+
+def reference_logprobs(any_engine: EngineUnderTest, token_ids: list[int]) -> torch.Tensor:
+    """log p(every token | the ids before position i) for i = 1 .. n-1: (n-1, V), a plain
+    forward of the weights the engine serves."""
+    with torch.no_grad():
+        logits = any_engine.reference(input_ids=torch.tensor([token_ids])).logits[0, :-1]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def check_prompt_logprobs(
+    any_engine: EngineUnderTest, prompt: list[int], scores: list[Any], k: int
+) -> None:
+    """vLLM's shape: None, then per token {id: {logprob, rank, decoded_token}} holding the
+    prompt's token (its rank among all) and the k most likely (ranks 1 to k)."""
+    assert len(scores) == len(prompt) and scores[0] is None
+    tokenizer = load_tokenizer("tiny-random")
+    reference = reference_logprobs(any_engine, prompt)
+    own = torch.tensor([scores[i][str(t)]["logprob"] for i, t in enumerate(prompt) if i])
+    expected = reference.gather(1, torch.tensor(prompt[1:]).unsqueeze(1)).squeeze(1)
+    torch.testing.assert_close(own, expected, rtol=1e-4, atol=1e-5)
+    for token, entry, row in zip(prompt[1:], scores[1:], reference, strict=True):
+        mine = entry[str(token)]
+        assert mine["decoded_token"] == tokenizer.decode([token])
+        # ties within float rounding may fall either way between two engines
+        at_least, at_most = (
+            (row > mine["logprob"] + 1e-4).sum(),
+            (row >= mine["logprob"] - 1e-4).sum(),
+        )
+        assert at_least + 1 <= mine["rank"] <= at_most
+        others = sorted((e for t, e in entry.items() if t != str(token)), key=lambda e: e["rank"])
+        ranks = sorted({e["rank"] for e in entry.values() if e["rank"] <= k})
+        assert ranks == list(range(1, k + 1)) and len(entry) in (k, k + 1)
+        assert [e["logprob"] for e in others] == sorted(
+            (e["logprob"] for e in others), reverse=True
+        )
+        if k:  # the most likely token there
+            best = max(e["logprob"] for e in entry.values())
+            torch.testing.assert_close(torch.tensor(best), row.max(), rtol=1e-4, atol=1e-5)
+
+
+def test_prompt_logprobs_on_both_routes_with_ranks_and_alternatives(any_client, any_engine):
+    chat = any_client.chat.completions.create(
+        model="tiny-random", messages=[USER], max_tokens=2, extra_body={"prompt_logprobs": 2}
+    )
+    prompt = chat.model_extra["prompt_token_ids"]
+    check_prompt_logprobs(any_engine, prompt, chat.model_extra["prompt_logprobs"], 2)
+
+    text = any_client.completions.create(
+        model="tiny-random",
+        prompt=list(range(40, 52)),
+        max_tokens=2,
+        n=2,
+        extra_body={"prompt_logprobs": 0},
+    )
+    for choice in text.choices:  # on each choice, as vLLM's completions have them
+        check_prompt_logprobs(
+            any_engine, list(range(40, 52)), choice.model_extra["prompt_logprobs"], 0
+        )
+    assert (
+        "prompt_logprobs"
+        not in any_client.completions.create(model="tiny-random", prompt="x", max_tokens=1)
+        .choices[0]
+        .model_extra
+    )
+
+
+def test_echo_with_sampling_returns_prompt_and_completion_log_probs(any_client, any_engine):
+    # OpenAI's legacy echo: text = prompt + completion; log-probs cover both, the first
+    # prompt token's null; the completion is what the same seed samples without echo.
+    prompt = list(range(40, 52))
+    request = {"model": "tiny-random", "prompt": prompt, "max_tokens": 3, "logprobs": 2, "seed": 7}
+    echoed = any_client.completions.create(echo=True, **request)
+    plain = any_client.completions.create(**request).choices[0]
+    (choice,) = echoed.choices
+    sampled = choice.model_extra["token_ids"]
+    assert sampled == plain.model_extra["token_ids"] and len(sampled) == 3
+    tokenizer = load_tokenizer("tiny-random")
+    assert choice.text == tokenizer.decode(prompt) + plain.text
+    assert choice.model_extra["raw_text"] == plain.model_extra["raw_text"]
+    assert echoed.usage.completion_tokens == 3 and echoed.usage.prompt_tokens == len(prompt)
+    logprobs = choice.logprobs
+    assert logprobs.tokens == [tokenizer.decode([t]) for t in prompt + sampled]
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    scored = torch.tensor(logprobs.token_logprobs[1 : len(prompt)])
+    expected = any_engine.forced_logprobs(prompt[:1], prompt[1:])
+    torch.testing.assert_close(scored, expected, rtol=1e-4, atol=1e-5)
+    assert logprobs.token_logprobs[len(prompt) :] == plain.logprobs.token_logprobs
+    assert logprobs.top_logprobs[len(prompt) :] == plain.logprobs.top_logprobs
+    for token, logprob, top in zip(
+        logprobs.tokens[1:], logprobs.token_logprobs[1:], logprobs.top_logprobs[1:], strict=True
+    ):
+        assert top[token] == logprob and len(top) in (2, 3)
+    lengths = [len(t) for t in logprobs.tokens]
+    assert logprobs.text_offset == [sum(lengths[:i]) for i in range(len(lengths))]
+    # without logprobs, the text alone
+    bare = any_client.completions.create(echo=True, **{**request, "logprobs": None})
+    assert bare.choices[0].text == choice.text and bare.choices[0].logprobs is None
 
 
 def test_top_logprobs_past_the_limit_are_refused_naming_the_field(client):

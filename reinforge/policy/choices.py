@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any, Literal
 
@@ -24,6 +25,16 @@ Json = dict[str, Any]  # a JSON object, as the OpenAI schema shapes it
 LOGPROB_FLOOR = -9999.0
 """What a log-prob of -inf (a token outside the top-p nucleus) is written as: JSON has no
 infinity, and vLLM's OpenAI server writes the same."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A request's prompt as its choices echo or score it."""
+
+    token_ids: list[int]
+    scores: PromptLogprobs | None = None
+    """Its log-probs, when the request asks for them (`prompt_logprobs`, or `echo` with
+    `logprobs`), with as many alternatives as it asks for in either."""
 
 
 class ChoiceWriter:
@@ -47,7 +58,7 @@ class ChoiceWriter:
         text = self.text(completion)
         message: Json = {"role": "assistant", "content": text}
         finish: str = completion.finish_reason
-        if request.tools:
+        if request.offers_tools:
             parsed = parse_tool_calls(text)
             if parsed.tool_calls:
                 message = {
@@ -66,48 +77,72 @@ class ChoiceWriter:
             **extensions(completion, text),
         }
 
-    def text_choice(self, index: int, completion: Completion, request: CompletionRequest) -> Json:
+    def text_choice(
+        self, index: int, completion: Completion, request: CompletionRequest, prompt: Prompt
+    ) -> Json:
+        """With `echo`, the prompt's text before the completion's, and its log-probs before
+        the completion's (`max_tokens: 0`: the prompt alone, nothing sampled)."""
         text = self.text(completion)
         every = range(len(completion.token_ids))
-        return {
+        logprobs = self.text_logprobs(completion, every, request)
+        choice = {
             "index": index,
             "text": text,
             "finish_reason": completion.finish_reason,
-            "logprobs": self.text_logprobs(completion, every, request),
+            "logprobs": logprobs,
             **extensions(completion, text),
         }
+        if request.echo:
+            choice["text"] = self.tokenizer.decode(prompt.token_ids) + text
+            if logprobs is not None:
+                choice["logprobs"] = self._echoed(prompt, request.alternatives, logprobs)
+        if request.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = self.prompt_logprobs(prompt, request.prompt_logprobs)
+        return choice
 
-    def echo_choice(
-        self, index: int, prompt_ids: list[int], scores: PromptLogprobs | None, k: int
-    ) -> Json:
-        """The prompt echoed with nothing sampled (`max_tokens: 0`), and with `scores`
-        each prompt token's log-prob, the first token's None, as OpenAI's completions API
-        writes them; `top_logprobs` (k > 0) maps the k most likely tokens and the prompt's
-        own to their log-probs. `text_offset` sums the token texts' lengths, as vLLM does."""
-        logprobs = None
-        if scores is not None:
-            tokens = [self._token(t) for t in prompt_ids]
-            top = None
-            if k:
-                top = [None] + [
-                    self._top(alternatives, token_id, lp)
-                    for token_id, lp, alternatives in zip(
-                        prompt_ids[1:], scores.logprobs, scores.top_logprobs, strict=True
-                    )
-                ]
-            logprobs = {
-                "tokens": tokens,
-                "token_logprobs": [None] + [_written(lp) for lp in scores.logprobs],
-                "top_logprobs": top,
-                "text_offset": list(accumulate((len(t) for t in tokens[:-1]), initial=0)),
-            }
+    def _echoed(self, prompt: Prompt, k: int, sampled: Json) -> Json:
+        """The prompt's log-probs before the `sampled` tokens' ones, as OpenAI's completions
+        API writes an echo: the first prompt token's None (nothing predicts it), then log
+        p(token | tokens before it). With k > 0 each position's `top_logprobs` maps the k
+        most likely tokens and its own to their log-probs. `text_offset` sums the token
+        texts' lengths, as vLLM does."""
+        scores = prompt.scores
+        assert scores is not None  # every echo with logprobs is scored
+        tokens = [self._token(t) for t in prompt.token_ids] + sampled["tokens"]
+        top = None
+        if k:
+            scored = zip(prompt.token_ids[1:], scores.logprobs, scores.top_logprobs, strict=True)
+            top = [
+                None,
+                *(self._top(alternatives[:k], t, lp) for t, lp, alternatives in scored),
+                *sampled["top_logprobs"],
+            ]
         return {
-            "index": index,
-            "text": self.tokenizer.decode(prompt_ids),
-            "finish_reason": "length",
-            "logprobs": logprobs,
-            **extensions(Completion([], [], [], "length"), ""),
+            "tokens": tokens,
+            "token_logprobs": [None, *map(_written, scores.logprobs), *sampled["token_logprobs"]],
+            "top_logprobs": top,
+            "text_offset": list(accumulate((len(t) for t in tokens[:-1]), initial=0)),
         }
+
+    def prompt_logprobs(self, prompt: Prompt, k: int) -> list[Json | None]:
+        """vLLM's `prompt_logprobs`: None for the first token, then one object per token
+        from token id to its `logprob`, `rank` and `decoded_token`, holding the prompt's own
+        token and the k most likely there (ranks 1 to k)."""
+        scores = prompt.scores
+        assert scores is not None  # every request with prompt_logprobs is scored
+        alternatives = scores.top_logprobs or [[] for _ in scores.logprobs]
+        entries: list[Json | None] = [None]
+        for token, logprob, rank, top in zip(
+            prompt.token_ids[1:], scores.logprobs, scores.ranks, alternatives, strict=True
+        ):
+            entry = {token: self._ranked(token, logprob, rank)}
+            for place, (other, other_logprob) in enumerate(top[:k], start=1):
+                entry.setdefault(other, self._ranked(other, other_logprob, place))
+            entries.append(entry)
+        return entries
+
+    def _ranked(self, token_id: int, logprob: float, rank: int) -> Json:
+        return {"logprob": _written(logprob), "rank": rank, "decoded_token": self._token(token_id)}
 
     def chat_logprobs(self, completion: Completion, tokens: Sequence[int]) -> list[Json]:
         """The chat log-prob entries of the tokens at these positions; `top_logprobs` is

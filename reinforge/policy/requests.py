@@ -38,53 +38,167 @@ def bad_request(message: str, param: str | None) -> APIError:
     return APIError(400, message, param, "invalid_request")
 
 
-class SamplingRequest(BaseModel):
-    """Fields shared by both endpoints. Unknown OpenAI fields are accepted and ignored.
-    A setting left out takes the server's configured default (`ServerConfig`)."""
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
 
-    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+    """A last chunk, with no choices, carries the request's `usage`."""
+
+
+class SamplingRequest(BaseModel):
+    """Fields shared by both endpoints. A field the server does not take, or a value it
+    cannot honour, is refused with a 400 naming it: a client that asked for something must
+    not get something else without knowing. A setting left out takes the server's
+    configured default (`ServerConfig`)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     model: str
     temperature: Temperature | None = None
     top_p: TopP | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
+    stop: list[str] | None = None
     n: int = Field(1, ge=1, le=64)
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
     """OpenAI's range, a signed 64-bit integer; choice i draws with `seed + i`."""
     stream: bool = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    """Only 0: the engines sample from the policy's own distribution."""
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    """Only 0, as `presence_penalty`."""
+    logit_bias: dict[str, float] | None = None
+    """Only empty, as `presence_penalty`."""
+    user: str | None = None
+    """Ignored: an end user's id, which OpenAI keeps for abuse monitoring; it changes no
+    token."""
+    prompt_logprobs: int | None = Field(None, ge=0)
+    """vLLM's extension: each prompt token's log-prob, with this many alternatives."""
     prompt_token_ids: list[int] | None = None
     stop_loops: bool | None = None
     """Extension: end a choice where its tail loops, with finish reason "loop"."""
 
-    @field_validator("stop")
+    @field_validator("stop", mode="before")
     @classmethod
-    def _stop_list(cls, value: str | list[str] | None) -> list[str] | None:
+    def _stop_list(cls, value: Any) -> Any:
         if isinstance(value, str):
             value = [value]
-        if value is not None and (len(value) > 4 or not all(value)):
-            raise ValueError("stop takes at most 4 non-empty strings")
+        if value is not None and not (
+            isinstance(value, list)
+            and len(value) <= 4
+            and all(isinstance(s, str) and s for s in value)
+        ):
+            raise ValueError("stop takes a string or a list of at most 4 non-empty strings")
         return value
 
     @property
     def include_usage(self) -> bool:
-        return bool((self.stream_options or {}).get("include_usage"))
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def prompt_alternatives(self) -> int | None:
+        """The alternatives to score the prompt with; None: the prompt is not scored."""
+        return self.prompt_logprobs
+
+    def check_supported(self) -> None:
+        """Refuse, naming the field, what the engines cannot do rather than ignore it."""
+        for field in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, field):
+                raise bad_request(
+                    f"{field} is not supported: the engines sample from the policy's own "
+                    "distribution (send 0 or leave it out)",
+                    field,
+                )
+        if self.logit_bias:
+            raise bad_request(
+                "logit_bias is not supported: the engines sample from the policy's own "
+                "distribution (send {} or leave it out)",
+                "logit_bias",
+            )
+        if None not in (self.max_tokens, self.max_completion_tokens) and (
+            self.max_tokens != self.max_completion_tokens
+        ):
+            raise bad_request(
+                "max_tokens and max_completion_tokens differ: send one of them",
+                "max_completion_tokens",
+            )
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("stream_options needs stream=true", "stream_options")
+        if self.prompt_logprobs is not None and self.stream:
+            raise bad_request(
+                "prompt_logprobs are not streamed: send stream=false", "prompt_logprobs"
+            )
+
+
+_TOOL_CHOICES = ("auto", "none")
+"""The `tool_choice` values the server honours: it samples freely, so it cannot force a
+call ("required", a named function) without changing the tokens or their log-probs."""
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: str
+    json_schema: dict[str, Any] | None = None
 
 
 class ChatRequest(SamplingRequest):
     messages: list[dict[str, Any]] = Field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    """"auto" (the default) or "none": the tools are not offered and no call is parsed."""
+    parallel_tool_calls: bool | None = None
+    """Only true (the default): every well-formed call in a reply is returned."""
+    response_format: ResponseFormat | None = None
+    """Only {"type": "text"}: nothing constrains the sampled text."""
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0)
 
     alternatives_field: ClassVar[str] = "top_logprobs"
     """The field asking for each token's most likely alternatives (`alternatives` of them)."""
 
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice_shape(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, str | dict):
+            raise ValueError("tool_choice must be a string or an object")
+        return value
+
     @property
     def alternatives(self) -> int:
         return self.top_logprobs or 0
+
+    @property
+    def offers_tools(self) -> bool:
+        """Whether the prompt shows the tools and the reply is parsed for calls."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.top_logprobs and not self.logprobs:
+            raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
+        if self.tool_choice is not None and self.tool_choice not in _TOOL_CHOICES:
+            raise bad_request(
+                f"tool_choice {self.tool_choice!r} is not supported: the server samples "
+                "freely and cannot force a tool call without changing the sampled tokens or "
+                "their log-probs; send 'auto' or 'none'",
+                "tool_choice",
+            )
+        if self.parallel_tool_calls is False:
+            raise bad_request(
+                "parallel_tool_calls=false is not supported: the server cannot keep the "
+                "policy from writing several calls; send true or leave it out",
+                "parallel_tool_calls",
+            )
+        form = self.response_format
+        if form is not None and (form.type != "text" or form.json_schema is not None):
+            raise bad_request(
+                'only response_format {"type": "text"} is supported (or none): the server '
+                "samples freely and cannot promise JSON or any other format without "
+                "changing the sampled tokens or their log-probs",
+                "response_format",
+            )
 
 
 class PauseRequest(BaseModel):
@@ -112,33 +226,49 @@ class WeightsUpdate(BaseModel):
 class CompletionRequest(SamplingRequest):
     prompt: str | list[int] = ""
     logprobs: int | None = Field(None, ge=0)
-    """The sampled tokens' log-probs (with `echo`, the prompt's), with this many
-    alternatives each."""
+    """The sampled tokens' log-probs (with `echo`, the prompt's before them), with this
+    many alternatives each."""
     echo: bool = False
-    """Return the prompt, and with `logprobs` each prompt token's log-prob; supported with
-    `max_tokens: 0` (score a prompt, sample nothing)."""
+    """The prompt before the completion in `text`, and with `logprobs` its tokens' log-probs
+    before the completion's. With `max_tokens: 0`, the prompt scored and nothing sampled."""
     max_tokens: int | None = Field(None, ge=0)
     """0 only with `echo`."""
 
     alternatives_field: ClassVar[str] = "logprobs"
 
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, value: Any) -> Any:
+        ids = isinstance(value, list) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in value
+        )
+        if not (isinstance(value, str) or ids):
+            raise ValueError("prompt must be a string or a list of token ids")
+        return value
+
     @property
     def alternatives(self) -> int:
         return self.logprobs or 0
 
-    def check_echo(self) -> None:
-        """Echo scores a prompt; sampling after it, or streaming it, is not supported."""
+    @property
+    def prompt_alternatives(self) -> int | None:
+        """An echo with `logprobs` scores the prompt too; one forward serves both fields."""
+        if not self.echo or self.logprobs is None:
+            return self.prompt_logprobs
+        return max(self.logprobs, self.prompt_logprobs or 0)
+
+    def check_supported(self) -> None:
+        super().check_supported()
         if self.max_tokens == 0 and not self.echo:
             raise bad_request(
                 "max_tokens=0 samples nothing: send echo=true to score the prompt", "max_tokens"
             )
-        if self.echo and self.max_tokens != 0:
-            raise bad_request(
-                "echo is supported with max_tokens=0 only (score the prompt, sample nothing)",
-                "echo",
-            )
         if self.echo and self.stream:
-            raise bad_request("echo with max_tokens=0 is not streamed: send stream=false", "stream")
+            raise bad_request("echo is not streamed: send stream=false", "stream")
+        if self.prompt_token_ids is not None and self.prompt:
+            raise bad_request(
+                "send the prompt as prompt or as prompt_token_ids, not both", "prompt_token_ids"
+            )
 
 
 def chat_messages(raw: list[dict[str, Any]]) -> list[Message]:
@@ -300,6 +430,9 @@ async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
     if param is None:  # the body itself is not an object
         message = "the request body must be a JSON object (Content-Type: application/json)"
         return _error(400, message, None, "invalid_request")
+    if first.get("type") == "extra_forbidden":
+        message = f"{param} is not a field this server takes (it refuses what it would ignore)"
+        return _error(400, message, param, "invalid_request")
     return _error(400, f"{param}: {first.get('msg')}", param, "invalid_request")
 
 

@@ -28,6 +28,9 @@ class PromptLogprobs:
     """log p(token i | tokens before it) for i = 1 .. n-1: n - 1 entries."""
     top_logprobs: list[TopLogprobs]
     """At each of those positions the most likely tokens, when asked for; else []."""
+    ranks: list[int]
+    """Each of those tokens' rank at its position, 1 for the most likely: how many tokens
+    are at least as likely, itself included (as vLLM counts)."""
 
 
 def forward_logprobs(model: PreTrainedModel, token_ids: list[int], top: int) -> PromptLogprobs:
@@ -40,11 +43,14 @@ def forward_logprobs(model: PreTrainedModel, token_ids: list[int], top: int) -> 
     targets = ids[0, 1:]  # (n-1,)
     logprobs: list[float] = []
     tops: list[TopLogprobs] = []
+    ranks: list[int] = []
     for rows, wanted in zip(logits.split(_CHUNK), targets.split(_CHUNK), strict=True):
         logp = torch.log_softmax(rows.float(), dim=-1)  # (c, V)
-        logprobs += logp.gather(1, wanted.unsqueeze(1)).squeeze(1).tolist()
+        own = logp.gather(1, wanted.unsqueeze(1))  # (c, 1)
+        logprobs += own.squeeze(1).tolist()
+        ranks += (logp >= own).sum(dim=1).tolist()
         if top:
             values, best = torch.topk(logp, top, dim=-1)  # (c, top), descending
             for row_ids, row_values in zip(best.tolist(), values.tolist(), strict=True):
                 tops.append(list(zip(row_ids, row_values, strict=True)))
-    return PromptLogprobs(logprobs, tops)
+    return PromptLogprobs(logprobs, tops, ranks)

@@ -17,14 +17,20 @@ Extensions to OpenAI's schema (ignored by clients that do not know them):
   held from the next step boundary until resume (or the lease's end); weights sent
   meanwhile apply inside the hold (`pause.py`).
 
-`POST /v1/completions` with `echo` and `max_tokens: 0` scores the prompt instead of
-sampling (OpenAI's legacy call, which vLLM's server also answers): what a distillation
-teacher is asked.
+`POST /v1/completions` with `echo` returns the prompt and its log-probs before the
+completion's, and with `max_tokens: 0` scores the prompt alone (OpenAI's legacy call,
+which vLLM's server also answers): what a distillation teacher is asked. Both routes take
+vLLM's `prompt_logprobs`, and answer it in vLLM's shape.
 
 Bad requests get OpenAI's error JSON with a 4xx status naming the field at fault; never a
-traceback. A body past `server.max_request_bytes` is refused before it is parsed, and
-prompts are rendered and tokenised in a worker thread: a long one takes seconds, which
-`/health` and every other request would otherwise wait out. The JSON of a choice is
+traceback. A field the server does not take, or a value it cannot honour (a forced tool
+call, a JSON response format, a penalty), is such a bad request, never ignored: the server
+returns the tokens it sampled with the log-probs they were drawn with, so it does not
+constrain or inject tokens to meet a request.
+
+A body past `server.max_request_bytes` is refused before it is parsed, and prompts are
+rendered and tokenised in a worker thread: a long one takes seconds, which `/health` and
+every other request would otherwise wait out. The JSON of a choice is
 `choices.py`'s, a stream's events `streaming.py`'s, and the request models and errors
 `requests.py`'s. docs/server.md describes the API.
 """
@@ -42,7 +48,7 @@ from safetensors.torch import load_file
 
 from reinforge.policy.backends import SamplingEngine
 from reinforge.policy.chat import ChatFormat, TemplateError
-from reinforge.policy.choices import ChoiceWriter, Json, response
+from reinforge.policy.choices import ChoiceWriter, Json, Prompt, response
 from reinforge.policy.config import ServerConfig
 from reinforge.policy.engine_thread import Completion
 from reinforge.policy.pause import Pause
@@ -58,7 +64,6 @@ from reinforge.policy.requests import (
     install_guards,
 )
 from reinforge.policy.sampling import SamplingParams
-from reinforge.policy.scoring import PromptLogprobs
 from reinforge.policy.streaming import stream
 
 _Setting = TypeVar("_Setting", float, bool)
@@ -100,26 +105,31 @@ def create_app(engine: SamplingEngine, config: ServerConfig) -> FastAPI:
         params = service.sampling(request, prompt_ids)
         if request.stream:
             return stream(engine, writer, request, prompt_ids, params)
+        prompt = await service.scored(request, prompt_ids)
         completions = await service.generate(prompt_ids, params)
         choices = [writer.chat_choice(i, c, request) for i, c in enumerate(completions)]
-        return response(
+        body = response(
             "chat.completion", engine.name, engine.version, prompt_ids, completions, choices
         )
+        if request.prompt_logprobs is not None:  # on the response, as vLLM's chat has them
+            body["prompt_logprobs"] = writer.prompt_logprobs(prompt, request.prompt_logprobs)
+        return body
 
     @app.post("/v1/completions", response_model=None)
     async def complete(request: CompletionRequest) -> Json | StreamingResponse:
         service.check(request)
         prompt_ids = await asyncio.to_thread(service.completion_prompt, request)
-        if request.echo:  # score the prompt, sample nothing
-            scores = await service.score(request, prompt_ids)
-            k = request.alternatives
-            choices = [writer.echo_choice(i, prompt_ids, scores, k) for i in range(request.n)]
-            return response("text_completion", engine.name, engine.version, prompt_ids, [], choices)
-        params = service.sampling(request, prompt_ids)
-        if request.stream:
-            return stream(engine, writer, request, prompt_ids, params)
-        completions = await service.generate(prompt_ids, params)
-        choices = [writer.text_choice(i, c, request) for i, c in enumerate(completions)]
+        if request.max_tokens == 0:  # echo: score the prompt, sample nothing
+            service.check_prompt(prompt_ids, max_tokens=0)
+            completions = [Completion([], [], [], "length") for _ in range(request.n)]
+            prompt = await service.scored(request, prompt_ids)
+        else:
+            params = service.sampling(request, prompt_ids)
+            if request.stream:
+                return stream(engine, writer, request, prompt_ids, params)
+            prompt = await service.scored(request, prompt_ids)
+            completions = await service.generate(prompt_ids, params)
+        choices = [writer.text_choice(i, c, request, prompt) for i, c in enumerate(completions)]
         return response(
             "text_completion", engine.name, engine.version, prompt_ids, completions, choices
         )
@@ -185,21 +195,24 @@ class _Service:
                 "model",
                 "model_not_found",
             )
-        field, limit = request.alternatives_field, self.config.max_top_logprobs
-        if request.alternatives > limit:
-            raise bad_request(
-                f"{field}={request.alternatives} is more than this server lists: at most "
-                f"{limit} alternatives per token (server.max_top_logprobs)",
-                field,
-            )
-        if isinstance(request, ChatRequest) and request.top_logprobs and not request.logprobs:
-            raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
-        if isinstance(request, CompletionRequest):
-            request.check_echo()
+        limit = self.config.max_top_logprobs
+        for field, asked in (
+            (request.alternatives_field, request.alternatives),
+            ("prompt_logprobs", request.prompt_logprobs or 0),
+        ):
+            if asked > limit:
+                raise bad_request(
+                    f"{field}={asked} is more than this server lists: at most {limit} "
+                    "alternatives per token (server.max_top_logprobs)",
+                    field,
+                )
+        request.check_supported()
 
     def chat_prompt(self, request: ChatRequest) -> list[int]:
         messages, previous = chat_messages(request.messages), request.prompt_token_ids
         tools = checked_tools(request.tools)
+        if not request.offers_tools:  # tool_choice "none": the prompt shows no tools
+            tools = None
         if previous is None and not messages:
             raise bad_request("messages must not be empty", "messages")
         try:
@@ -263,14 +276,15 @@ class _Service:
             )
         return room
 
-    async def score(
-        self, request: CompletionRequest, prompt_ids: list[int]
-    ) -> PromptLogprobs | None:
-        """The prompt's log-probs, when the echo request asks for them (`logprobs`)."""
-        self.check_prompt(prompt_ids, max_tokens=0)
-        if request.logprobs is None:
-            return None
-        return await self.engine.prompt_logprobs(prompt_ids, request.alternatives)
+    async def scored(
+        self, request: ChatRequest | CompletionRequest, prompt_ids: list[int]
+    ) -> Prompt:
+        """The prompt, with its log-probs when the request asks for them: one forward, with
+        the most alternatives any of its fields asks for."""
+        k = request.prompt_alternatives
+        if k is None:
+            return Prompt(prompt_ids)
+        return Prompt(prompt_ids, await self.engine.prompt_logprobs(prompt_ids, k))
 
     async def generate(
         self, prompt_ids: list[int], params: list[SamplingParams]

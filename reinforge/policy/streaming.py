@@ -7,7 +7,7 @@ still change:
 
 - a token that ends inside a multi-byte character (or adds no text) waits for the next;
 - text that may be the start of a stop string (the content is cut before one);
-- with `tools` (chat): everything from a whole `<tool_call>` on, and a tail that may begin
+- with `tools` offered (chat): everything from a whole `<tool_call>` on, and a tail that may begin
   one; whitespace at the end of the text so far; and the whole text while it begins with
   whitespace. Parsed calls leave the text outside them stripped, so until the choice
   ends, such whitespace may or may not be content.
@@ -32,7 +32,7 @@ from fastapi.responses import StreamingResponse
 from transformers import PreTrainedTokenizerBase
 
 from reinforge.policy.backends import SamplingEngine
-from reinforge.policy.choices import ChoiceWriter, Json, envelope, usage
+from reinforge.policy.choices import ChoiceWriter, Json, Prompt, envelope, usage
 from reinforge.policy.engine_thread import Completion, Sampled, TokenListener
 from reinforge.policy.requests import ChatRequest, CompletionRequest, error_body
 from reinforge.policy.sampling import SamplingParams
@@ -63,7 +63,8 @@ def stream(
         return _sse(body)
 
     async def events() -> AsyncIterator[str]:
-        choices = [_ChoiceStream(index, request, writer) for index in range(len(params))]
+        prompt = Prompt(prompt_ids)
+        choices = [_ChoiceStream(i, request, writer, prompt) for i in range(len(params))]
         generated = 0
         try:
             for choice in choices:
@@ -223,10 +224,14 @@ class _ChoiceStream:
     """One choice's chunks, for either route."""
 
     def __init__(
-        self, index: int, request: ChatRequest | CompletionRequest, writer: ChoiceWriter
+        self,
+        index: int,
+        request: ChatRequest | CompletionRequest,
+        writer: ChoiceWriter,
+        prompt: Prompt,
     ) -> None:
-        self.index, self.request, self.writer = index, request, writer
-        tools = isinstance(request, ChatRequest) and bool(request.tools)
+        self.index, self.request, self.writer, self.prompt = index, request, writer, prompt
+        tools = isinstance(request, ChatRequest) and request.offers_tools
         self.text = LiveText(writer.tokenizer, writer.eos_ids, request.stop or (), tools)
         self.sampled = Completion([], [], [], "length")
         """The tokens so far, for the log-probs of the pieces sent before the end."""
@@ -255,7 +260,7 @@ class _ChoiceStream:
                 deltas.append(_delta(index, {"tool_calls": calls}))
             extensions = {k: v for k, v in choice.items() if k not in ("message", "logprobs")}
             return [*deltas, {**_delta(index, {}), **extensions}]
-        choice = self.writer.text_choice(index, completion, request)
+        choice = self.writer.text_choice(index, completion, request, self.prompt)
         piece = self.text.finish(choice["text"])
         has_logprobs = request.logprobs is not None and piece.tokens
         deltas = [self._piece(piece, completion)] if piece.text or has_logprobs else []

@@ -278,6 +278,7 @@ def _prompt_scores(
     return PromptLogprobs(
         logprobs=[float(entries[token].logprob) for token, entries in scored],
         top_logprobs=[_most_likely(entries, k) for _, entries in scored] if k else [],
+        ranks=[int(entries[token].rank) for token, entries in scored],
     )
 
 
