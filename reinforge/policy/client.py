@@ -43,6 +43,8 @@ class Reply:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     policy_versions: list[int] = field(default_factory=list)
+    prompt_tokens: int = 0
+    """The tokens of the prompt it answered (0 where the server does not say)."""
 
     @property
     def text(self) -> str:
@@ -314,8 +316,10 @@ def _reply(response: Any) -> tuple[Reply, list[int]]:
     versions = list(extra.get("policy_versions") or [])
     if token_ids and len(logprobs) != len(token_ids):
         raise EpisodeMisuse("the server returned token ids and log-probs of different lengths")
-    reply = Reply(message, choice.finish_reason, token_ids, logprobs, versions)
-    return reply, list((response.model_extra or {}).get("prompt_token_ids") or [])
+    prompt_ids = list((response.model_extra or {}).get("prompt_token_ids") or [])
+    prompt_tokens = response.usage.prompt_tokens if response.usage else len(prompt_ids)
+    reply = Reply(message, choice.finish_reason, token_ids, logprobs, versions, prompt_tokens)
+    return reply, prompt_ids
 
 
 def _code(error: openai.APIStatusError) -> str | None:
