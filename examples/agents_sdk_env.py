@@ -70,10 +70,11 @@ class AgentsSDKTask(SandboxEnvironment):
         return tasks
 
     async def _play(self, client, episode: Episode) -> None:
-        async with open_episode(client, episode, self.harness.max_tokens_per_turn) as url:
-            model = OpenAIChatCompletionsModel(
-                model="policy", openai_client=AsyncOpenAI(base_url=url, api_key="unused")
-            )
+        async with (
+            open_episode(client, episode, self.harness.max_tokens_per_turn) as url,
+            AsyncOpenAI(base_url=url, api_key="unused") as openai_client,
+        ):
+            model = OpenAIChatCompletionsModel(model="policy", openai_client=openai_client)
             agent = AGENT.clone(model=model)
             prompt = episode.task.prompt[-1]["content"]
             try:
