@@ -118,7 +118,7 @@ class RayCluster:
         bundle = {"CPU": resources.cpus, "GPU": resources.gpus}
         if resources.memory_gib is not None:
             bundle["memory"] = resources.memory_gib * 2**30
-        bundle = {key: value for key, value in bundle.items() if value}
+        bundle = {key: value for key, value in bundle.items() if value} | resources.custom
         group = placement_group([bundle] * count, strategy="PACK")
         try:
             ray.get(group.ready(), timeout=PLACE_S)
@@ -133,6 +133,7 @@ class RayCluster:
                 "num_cpus": resources.cpus,
                 "num_gpus": resources.gpus,
                 "memory": bundle.get("memory"),
+                "resources": resources.custom,
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(
                     group, placement_group_bundle_index=i
                 ),
