@@ -1,8 +1,9 @@
 """Two Ray nodes on this machine that stand in for two hosts, so that a test can place a
 run's processes on a host that is not the driver's and see what crosses between them.
 
-Host A is the head node at 127.0.0.1 offering the custom resource `host_a`; host B joins
-it at 127.0.0.2 offering `host_b`. Each node has its own temp dir and ports. Where the
+Host A is the head node, started at 127.0.0.1 (which Ray replaces by this machine's own
+address) and offering the custom resource `host_a`; host B joins it at 127.0.0.2 offering
+`host_b`. Each node has its own temp dir and ports. Where the
 machine allows it (root, and `unshare -m` works), each node also runs in a mount namespace
 of its own with a fresh tmpfs on /dev/shm: a file one host writes in its /dev/shm is not
 there for the other, as on two machines, and a weight file handed over by its path
@@ -16,9 +17,11 @@ check that engines are reached at their node's address.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -30,6 +33,7 @@ from pathlib import Path
 
 from reinforge.orchestrate.engine_processes import free_ports
 
+_IN_CREATE = 0x100
 START_S = 300.0
 """How long a node may take to join (Ray starts slowly on a loaded machine)."""
 RAY = [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
@@ -59,10 +63,11 @@ class TwoHosts:
     """Whether each host has a /dev/shm of its own."""
 
     def on_a(self, argv: list[str]) -> list[str]:
-        """`argv` run as a process of host A (in its mount namespace where isolated)."""
+        """`argv` run as a process of host A (in its mount namespace where isolated), in
+        the working directory it is started in (entering a namespace moves to its root)."""
         if not self.isolated:
             return argv
-        return ["nsenter", f"--target={self.a.process.pid}", "--mount", "--", *argv]
+        return ["nsenter", f"--target={self.a.process.pid}", "--mount", "--wd=.", "--", *argv]
 
 
 def can_isolate() -> bool:
@@ -180,3 +185,29 @@ def _session(sid: int) -> list[int]:
         if int(fields[3]) == sid and fields[0] != "Z":  # fields: state, ppid, pgrp, session
             pids.append(int(stat.parts[2]))
     return pids
+
+
+@contextmanager
+def created(folder: Path) -> Iterator[list[str]]:
+    """The names created in `folder` while the block runs (inotify: however briefly they
+    lived), in the list yielded, filled once the block ends. `folder` may be another mount
+    namespace's, through /proc/PID/root."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_NONBLOCK)
+    if fd < 0 or libc.inotify_add_watch(fd, str(folder).encode(), _IN_CREATE) < 0:
+        raise OSError(ctypes.get_errno(), f"cannot watch {folder}")
+    names: list[str] = []
+    try:
+        yield names
+    finally:
+        try:
+            while True:
+                events = os.read(fd, 1 << 20)
+                while events:
+                    _, _, _, size = struct.unpack_from("iIII", events)
+                    names.append(events[16 : 16 + size].rstrip(b"\0").decode())
+                    events = events[16 + size :]
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(fd)
