@@ -56,6 +56,7 @@ from reinforge.orchestrate.weight_sync import (
     EngineGone,
     EngineLinks,
     FilePush,
+    loopback,
     post_to_engine,
     weights_folder,
 )
@@ -312,13 +313,12 @@ class EngineActor:
         serves."""
         folder = weights_folder()
         headers = {"Authorization": f"Bearer {token}"}
-        loopback = httpx.HTTPTransport(local_address="::1" if ":" in self.host else "127.0.0.1")
         try:
             path = folder / "weights.safetensors"
             save_file(unpack(buckets), path)
             body = {"path": str(path), "version": version}
             with httpx.Client(
-                base_url=self.url, headers=headers, timeout=600.0, transport=loopback
+                base_url=self.url, headers=headers, timeout=600.0, transport=loopback(self.url)
             ) as http:
                 answer = post_to_engine(http, "/weights", body, "take the weights")
         finally:
