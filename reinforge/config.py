@@ -88,6 +88,19 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
+    def _custom_resources_are_rays(self) -> Self:
+        asked = {"cluster.rank.custom": self.cluster.rank.custom}
+        if isinstance(self.engines, SpawnedEngines):
+            asked["engines.resources.custom"] = self.engines.resources.custom
+        for key, custom in asked.items():
+            if custom and self.cluster.backend != "ray":
+                raise ValueError(
+                    f"{key} asks for Ray's custom resources {custom}: it needs "
+                    'cluster.backend = "ray"'
+                )
+        return self
+
+    @model_validator(mode="after")
     def _sharded_ranks_place_themselves(self) -> Self:
         if self.trainer.world_size > 1 and self.model.device != "auto":
             raise ValueError(

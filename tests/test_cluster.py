@@ -12,9 +12,11 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from transformers import AutoModelForCausalLM
 
 from reinforge.config import Config, load_config
+from reinforge.errors import ConfigError
 from reinforge.orchestrate.ray_cluster import hidden_gpus
 
 from .commands import ROOT, tiny_train
@@ -136,3 +138,18 @@ def test_a_ray_cluster_with_gpus_refuses_processes_that_ask_for_none():
     assert hidden_gpus(config, 0.0) is None  # a cluster of CPUs
     one_process = load_config(Config, None, ["cluster.backend=ray"])
     assert hidden_gpus(one_process, 8.0) is None  # trainer and engine in the driver: no actor
+
+
+def test_custom_resources_are_rays_and_custom():
+    """They say where a process goes: processes of this machine have nowhere else to go."""
+    pinned = ["engines.kind=spawned", "engines.resources.custom={host_b=1}"]
+    config = load_config(Config, None, ["cluster.backend=ray", *pinned])
+    assert config.engines.resources.custom == {"host_b": 1.0}  # type: ignore[union-attr]
+    with pytest.raises(
+        ConfigError, match='engines.resources.custom .* needs cluster.backend = "ray"$'
+    ):
+        load_config(Config, None, pinned)
+    with pytest.raises(ConfigError, match="cluster.rank.custom: GPU is not custom"):
+        load_config(Config, None, ["cluster.backend=ray", "cluster.rank.custom={GPU=1}"])
+    with pytest.raises(ConfigError, match="x = 0: ask for more than 0"):
+        load_config(Config, None, ["cluster.backend=ray", "cluster.rank.custom={x=0}"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, Tag
+from pydantic import Field, Tag, field_validator
 
 from reinforge.types import Section, tagged
 
@@ -119,6 +119,21 @@ class Resources(Section):
     """Whole GPUs, or a fraction to share one."""
     memory_gib: float | None = Field(None, gt=0.0)
     """Memory Ray reserves for the process; None: none reserved."""
+    custom: dict[str, float] = Field(default_factory=dict)
+    """Ray custom resources, e.g. {host_b = 1} to place the process on a node that offers
+    them (`ray start --resources='{"host_b": 100}'`): the one key that says where a process
+    goes, not only how much it takes. Ray only (`cluster.backend = "ray"`)."""
+
+    @field_validator("custom")
+    @classmethod
+    def _custom_and_positive(cls, custom: dict[str, float]) -> dict[str, float]:
+        builtin = sorted(set(custom) & {"CPU", "GPU", "memory", "object_store_memory"})
+        if builtin:
+            raise ValueError(f"{builtin[0]} is not custom: ask for it by cpus, gpus or memory_gib")
+        for name, amount in custom.items():
+            if amount <= 0:
+                raise ValueError(f"{name} = {amount:g}: ask for more than 0 of it")
+        return custom
 
 
 class InProcessEngine(Section):

@@ -72,7 +72,7 @@ class EngineLauncher(Protocol):
 class EngineProcesses:
     def __init__(self, ports: list[int], logs: Path, config: Config) -> None:
         self.ports = ports
-        self.urls = [f"http://127.0.0.1:{port}/v1" for port in ports]
+        self.urls = [base_url("127.0.0.1", port) for port in ports]
         self.logs = logs
         self.token = secrets.token_urlsafe(32)
         self.serve = engine_settings(config, self.token)
@@ -171,13 +171,13 @@ def silent(index: int, log: Path) -> str:
     return f"engine {index} (reinforge serve) did not answer within {START_S:.0f} s (log: {log})"
 
 
-def spawn(settings: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
-    """`reinforge serve --config settings` on 127.0.0.1:`port`, logging to `log`, dying
-    with this process. In a process group of its own, so that Ctrl-C in the terminal
-    stops the run, which stops its engines once it has saved what it can, rather than
-    the engines while a step still syncs weights to them."""
+def spawn(settings: Path, port: int, log: Path, host: str | None = None) -> subprocess.Popen[bytes]:
+    """`reinforge serve --config settings` on `host` (`server.host` by default: 127.0.0.1)
+    at `port`, logging to `log`, dying with this process. In a process group of its own,
+    so that Ctrl-C in the terminal stops the run, which stops its engines once it has saved
+    what it can, rather than the engines while a step still syncs weights to them."""
     argv = [sys.executable, "-m", "reinforge", "serve", "--config", str(settings),
-            "--port", str(port)]  # fmt: skip
+            "--port", str(port), *(["--host", host] if host else [])]  # fmt: skip
     with log.open("ab") as out:
         return subprocess.Popen(
             argv,
@@ -197,16 +197,25 @@ async def answers(http: httpx.AsyncClient, url: str) -> bool:
         return False
 
 
-def free_ports(count: int) -> list[int]:
-    """Ports free now, all different (held together until each is known)."""
-    probes = [socket.socket() for _ in range(count)]
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Ports of `host` free now, all different (held together until each is known)."""
+    probes = [socket.socket(_family(host)) for _ in range(count)]
     try:
         for probe in probes:
-            probe.bind(("127.0.0.1", 0))
+            probe.bind((host, 0))
         return [probe.getsockname()[1] for probe in probes]
     finally:
         for probe in probes:
             probe.close()
+
+
+def base_url(host: str, port: int) -> str:
+    """The /v1 URL of an engine listening on `host` (an IPv6 address in brackets)."""
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
 def _die_with_parent(parent: int) -> None:

@@ -5,13 +5,16 @@ kind (packed: a rank's collectives and an engine's weight loads stay on few node
 - **Ranks.** Each actor joins the process group (rendezvous at rank 0's node) and holds its
   `ShardedTrainer`; a call goes to every actor and the first failure ends them all, as with
   `LocalRanks`.
-- **Engines.** Each actor starts `reinforge serve` on its node and supervises nothing
-  itself: the run's `Supervisor` sees it through `returncode` and `restart`, as it sees
-  local processes. An engine keeps its port across restarts.
-- **One node's weights.** The trainer hands weights to the engines as a file that rank 0
-  writes, and `POST /v1/weights` takes files of its own machine: so far rank 0 and every
-  engine must land on the run's node, which a cluster of one machine always gives; anything
-  else is refused in one line (docs/scale.md says what crossing machines needs).
+- **Engines.** Each actor starts `reinforge serve` listening on its node's address, which
+  the run reaches it at, and supervises nothing itself: the run's `Supervisor` sees it
+  through `returncode` and `restart`, as it sees local processes. An engine keeps its URL
+  across restarts.
+- **Whose node.** `POST /v1/weights` takes weights from the engine's own machine only: by
+  the default transport (`file`) the engines load a file of the run's node, so they must
+  run there; with `object_store` each actor posts to its engine from its own node, so
+  engines go wherever they are placed (`engines.resources.custom` pins them). A sharded
+  trainer's rank 0 writes the weights to a file of the driver's node either way, so it
+  runs there. A placement that breaks this is refused in one line.
 
 A run that names no `cluster.address` starts a cluster of this machine for itself and
 stops it at the end, so nothing of Ray stays behind; one that joins a cluster leaves it
@@ -40,6 +43,7 @@ from reinforge.orchestrate.config import Resources, SpawnedEngines
 from reinforge.orchestrate.engine_processes import (
     START_S,
     STOP_S,
+    base_url,
     engine_settings,
     exited_early,
     free_ports,
@@ -52,6 +56,7 @@ from reinforge.orchestrate.weight_sync import (
     EngineGone,
     EngineLinks,
     FilePush,
+    loopback,
     post_to_engine,
     weights_folder,
 )
@@ -99,9 +104,9 @@ class RayCluster:
             ray.shutdown()
             raise UsageError(hidden)
         self.node = _node()
-        """The run's own node: where rank 0 and the engines must be (their URLs are its
-        127.0.0.1, and rank 0 writes the weights to a file of it). By Ray's node id: two
-        nodes of one machine share an IP address."""
+        """The run's own node: where rank 0 writes the weights to a file, which the
+        engines of the `file` transport load. By Ray's node id: two nodes of one machine
+        may share an IP address."""
 
     def ranks(self, config: TrainerConfig, factory: Any, *args: Any) -> RayRanks:
         return RayRanks(self, config, factory, args)
@@ -118,7 +123,7 @@ class RayCluster:
         bundle = {"CPU": resources.cpus, "GPU": resources.gpus}
         if resources.memory_gib is not None:
             bundle["memory"] = resources.memory_gib * 2**30
-        bundle = {key: value for key, value in bundle.items() if value}
+        bundle = {key: value for key, value in bundle.items() if value} | resources.custom
         group = placement_group([bundle] * count, strategy="PACK")
         try:
             ray.get(group.ready(), timeout=PLACE_S)
@@ -133,6 +138,7 @@ class RayCluster:
                 "num_cpus": resources.cpus,
                 "num_gpus": resources.gpus,
                 "memory": bundle.get("memory"),
+                "resources": resources.custom,
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(
                     group, placement_group_bundle_index=i
                 ),
@@ -141,12 +147,11 @@ class RayCluster:
         ]
         return group, options
 
-    def require_here(self, node: str, what: str) -> None:
+    def require_here(self, node: str, what: str, why: str) -> None:
         if node != self.node:
             raise UsageError(
-                f"Ray placed {what} on node {node}, not the run's ({self.node}): engines "
-                "are reached at the run's 127.0.0.1 and rank 0 writes the weights on its "
-                "node, so rank 0 and the engines run there so far (docs/scale.md)"
+                f"Ray placed {what} on node {node}, not the run's ({self.node}): {why} "
+                "(docs/scale.md)"
             )
 
 
@@ -215,7 +220,11 @@ class RayRanks:
         actor = ray.remote(RankActor)
         self._actors = [actor.options(**option).remote() for option in options]
         try:
-            cluster.require_here(_ask(self._actors[0].node, "trainer rank 0"), "trainer rank 0")
+            cluster.require_here(
+                _ask(self._actors[0].node, "trainer rank 0"),
+                "trainer rank 0",
+                "rank 0 writes the weights to a file of the run's node",
+            )
             init_method = _ask(self._actors[0].rendezvous, "trainer rank 0")
             self._wait(
                 [
@@ -260,27 +269,30 @@ class RayRanks:
 
 
 class EngineActor:
-    """One engine in a Ray actor: `reinforge serve` on the actor's node, at a port that
-    stays its own across restarts."""
+    """One engine in a Ray actor: `reinforge serve` listening on the address of the
+    actor's node, at a port that stays its own across restarts."""
 
     def __init__(self, settings: str, log: str, port: int | None = None) -> None:
         self.settings = settings
         self.log = Path(log)
-        self.port = port or free_ports(1)[0]
+        self.host = ray.util.get_node_ip_address()
+        self.port = port or free_ports(1, self.host)[0]
+        self.url = base_url(self.host, self.port)
         self.process: subprocess.Popen[bytes] | None = None
 
     def node(self) -> str:
         return _node()
 
-    def start(self, index: int) -> int:
-        """The engine, answering; its port."""
+    def start(self, index: int) -> str:
+        """The engine, answering; its /v1 URL."""
         self.stop()
+        self.log.parent.mkdir(parents=True, exist_ok=True)  # the run's path, on any node
         folder = Path(tempfile.mkdtemp(prefix="reinforge-engines-"))
         try:  # the settings hold the token: private, and gone once the engine has read them
             (folder / "serve.toml").write_text(self.settings)
-            self.process = spawn(folder / "serve.toml", self.port, self.log)
+            self.process = spawn(folder / "serve.toml", self.port, self.log, self.host)
             deadline = time.monotonic() + START_S
-            while not _answers(self.port):
+            while not _answers(self.url):
                 if self.process.poll() is not None:
                     raise UsageError(exited_early(index, self.process.returncode, self.log))
                 if time.monotonic() > deadline:
@@ -288,23 +300,26 @@ class EngineActor:
                 time.sleep(0.25)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-        return self.port
+        return self.url
 
     def returncode(self) -> int | None:
         return None if self.process is None else self.process.poll()
 
     def take_weights(self, token: str, version: int, *buckets: Bucket) -> int:
         """Weights that Ray brought to this node (once for all its engines) to this node's
-        engine: a file in the node's own memory, loaded over localhost, the only address
-        `/v1/weights` takes weights from. The version the engine then serves."""
+        engine: a file in the node's own memory, posted from the node's loopback address,
+        the only one `/v1/weights` takes weights from (a connection from it reaches the
+        node's own addresses; no other machine can have it). The version the engine then
+        serves."""
         folder = weights_folder()
-        local = f"http://127.0.0.1:{self.port}/v1"
         headers = {"Authorization": f"Bearer {token}"}
         try:
             path = folder / "weights.safetensors"
             save_file(unpack(buckets), path)
             body = {"path": str(path), "version": version}
-            with httpx.Client(base_url=local, headers=headers, timeout=600.0) as http:
+            with httpx.Client(
+                base_url=self.url, headers=headers, timeout=600.0, transport=loopback(self.url)
+            ) as http:
                 answer = post_to_engine(http, "/weights", body, "take the weights")
         finally:
             shutil.rmtree(folder, ignore_errors=True)
@@ -320,9 +335,9 @@ class EngineActor:
                 self.process.wait()
 
 
-def _answers(port: int) -> bool:
+def _answers(url: str) -> bool:
     try:
-        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5.0).status_code == 200
+        return httpx.get(f"{url.removesuffix('/v1')}/health", timeout=5.0).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -339,6 +354,7 @@ class RayEngines:
         self._group, self._options = cluster.place(spawned.resources, spawned.count, "engines")
         self._actors: list[Any] = []
         self._ports: list[int | None] = [None] * spawned.count
+        """Each engine's port once it has one: a restarted actor takes it again."""
         self._transport = spawned.weight_sync
         self._dtype = getattr(torch, config.engine.dtype)
 
@@ -352,22 +368,26 @@ class RayEngines:
         try:
             for index in range(spawned.count):
                 engines._actors.append(engines._actor(index))
-            ports = await asyncio.to_thread(engines._started, range(spawned.count))
+            engines.urls = await asyncio.to_thread(engines._started, range(spawned.count))
         except BaseException:
             engines.stop()
             raise
-        engines._ports = list(ports)
-        engines.urls = [f"http://127.0.0.1:{port}/v1" for port in ports]
+        engines._ports = [httpx.URL(url).port for url in engines.urls]
         return engines
 
     def _actor(self, index: int) -> Any:
         """Engine `index`'s actor, in its bundle, on its port once it has one."""
         actor = ray.remote(EngineActor).options(**self._options[index])
         handle = actor.remote(self._settings, str(self.log(index)), self._ports[index])
-        self.cluster.require_here(_ask(handle.node, f"engine {index}"), f"engine {index}")
+        if self._transport == "file":
+            self.cluster.require_here(
+                _ask(handle.node, f"engine {index}"),
+                f"engine {index}",
+                'engines.weight_sync = "file" loads the weights from a file of the run\'s node',
+            )
         return handle
 
-    def _started(self, indices: range | list[int]) -> list[int]:
+    def _started(self, indices: range | list[int]) -> list[str]:
         refs = [self._actors[i].start.remote(i) for i in indices]
         try:
             return ray.get(refs, timeout=START_S + ANSWER_S)
@@ -393,7 +413,9 @@ class RayEngines:
         if await self.returncode(index) == -1:
             ray.kill(self._actors[index])
             self._actors[index] = await asyncio.to_thread(self._actor, index)
-        await asyncio.to_thread(self._started, [index])
+        (url,) = await asyncio.to_thread(self._started, [index])
+        if url != self.urls[index]:  # a new actor on another node: routed and synced by URL
+            raise UsageError(f"engine {index} came back at {url}, not {self.urls[index]}")
 
     def log(self, index: int) -> Path:
         return self.logs / f"engine-{index}.log"

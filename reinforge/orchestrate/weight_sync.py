@@ -147,7 +147,10 @@ class EngineLinks(ABC):
         """Of the last push."""
         headers = {"Authorization": f"Bearer {token or ''}"}
         self._http = [
-            httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=600.0) for url in urls
+            httpx.Client(
+                base_url=url.rstrip("/"), headers=headers, timeout=600.0, transport=loopback(url)
+            )
+            for url in urls
         ]
         self._pool = ThreadPoolExecutor(len(urls), thread_name_prefix="reinforge-sync")
         self._joined = [True] * len(urls)
@@ -257,6 +260,13 @@ def weights_folder() -> Path:
     return Path(
         tempfile.mkdtemp(prefix="reinforge-weights-", dir=memory if memory.is_dir() else None)
     )
+
+
+def loopback(url: str) -> httpx.HTTPTransport:
+    """Connections to the engine at `url` from this machine's loopback address: the only
+    source its weights, pause and resume routes take, and one that reaches every address of
+    this machine, an engine listening on its node's address included."""
+    return httpx.HTTPTransport(local_address="::1" if ":" in httpx.URL(url).host else "127.0.0.1")
 
 
 def check_versions(served: list[int], version: int) -> None:
