@@ -1,0 +1,1 @@
+"""Adapters for other frameworks' environments, each the loader of one `<source>:<name>`."""
