@@ -36,6 +36,7 @@ from .conftest import require_extra
 
 DATA = ROOT / "tests" / "data"
 SINGLE = str(DATA / "vf_single_env.py")
+MULTI_TURN = str(DATA / "vf_multiturn_env.py")
 NULL_HARNESS = {"harness": {"id": "null"}}
 """verifiers' plain chat loop (its default, `bash`, also offers a shell)."""
 
@@ -141,7 +142,7 @@ async def test_rewards_are_what_verifiers_scores_on_the_same_reply(tiny_engine):
         assert trajectory.rewards["length"] > 0  # a random reply has a length
 
 
-@pytest.mark.parametrize("path", [SINGLE], ids=["single"])
+@pytest.mark.parametrize("path", [SINGLE, MULTI_TURN], ids=["single", "multi"])
 async def test_trained_tokens_are_exactly_what_the_engine_sampled(path, tiny_engine, chat_format):
     trajectories = await _rollouts(_verifiers(path), tiny_engine)
     sampled_for: dict[tuple[int, ...], list[list[int]]] = {}
@@ -155,6 +156,28 @@ async def test_trained_tokens_are_exactly_what_the_engine_sampled(path, tiny_eng
         for start, end in spans:
             prefix = tuple(trajectory.token_ids[:start])
             assert trajectory.token_ids[start:end] in sampled_for[prefix]
+
+
+async def test_the_environment_answers_each_reply_in_one_token_record(tiny_engine):
+    trajectories = await _rollouts(_verifiers(MULTI_TURN), tiny_engine)
+    for trajectory in trajectories:
+        roles = [m["role"] for m in trajectory.messages]
+        assert roles == ["user", "assistant", "user", "assistant", "user", "assistant"]
+        assert trajectory.turns == 3 and trajectory.rewards["guesses"] == 1.0
+        assert trajectory.messages[2]["content"] in (
+            "That is not a number. Guess a number from 1 to 10.",
+            "Higher.",
+            "Lower.",
+        )
+
+
+async def test_the_turn_limit_ends_the_episode_truncated_and_scored(tiny_engine):
+    env = _verifiers(MULTI_TURN)
+    env.harness.max_turns = 2
+    trajectories = await _rollouts(env, tiny_engine, tasks=1, rollouts=1)
+    (trajectory,) = trajectories
+    assert trajectory.status == Status.TRUNCATED and trajectory.turns == 2
+    assert trajectory.rewards["guesses"] == pytest.approx(2 / 3)
 
 
 def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -189,7 +212,7 @@ def _source_shim(folder: Path) -> Path | None:
     return info.parent
 
 
-@pytest.mark.parametrize("path", [SINGLE], ids=["single"])
+@pytest.mark.parametrize("path", [SINGLE, MULTI_TURN], ids=["single", "multi"])
 def test_reinforge_eval_runs_it(path, tmp_path):
     out = tmp_path / "eval"
     result = _run(
@@ -212,15 +235,16 @@ def test_reinforge_eval_runs_it(path, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     assert len(rows) == 4
+    terms = {SINGLE: {"length", "said_word"}, MULTI_TURN: {"guesses", "length", "found"}}
     for row in rows:
         assert row["status"] in ("ok", "truncated") and row["error"] is None
-        assert set(row["rewards"]) == {"length", "said_word"}
+        assert set(row["rewards"]) == terms[path]
         assert sum(row["loss_mask"]) == len(row["logprobs"]) > 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["environment"] == f"verifiers:{path}" and summary["rollouts"] == 4
 
 
-@pytest.mark.parametrize("path", [SINGLE], ids=["single"])
+@pytest.mark.parametrize("path", [SINGLE, MULTI_TURN], ids=["single", "multi"])
 def test_reinforge_train_takes_steps_on_it(path, tmp_path):
     result = _run(
         "train",
