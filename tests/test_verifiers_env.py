@@ -24,7 +24,7 @@ import pytest
 from reinforge.envs import registry
 from reinforge.envs.registry import load_environment
 from reinforge.errors import ConfigError, UsageError
-from reinforge.policy.client import PolicyClient
+from reinforge.policy.client import EpisodeMisuse, PolicyClient
 from reinforge.policy.config import SamplingConfig
 from reinforge.policy.records import token_record_problems
 from reinforge.rollout.config import RolloutConfig
@@ -33,10 +33,12 @@ from reinforge.types import Status, Trajectory, masked_spans
 
 from .commands import ROOT
 from .conftest import require_extra
+from .envs.scripted import ScriptedClient
 
 DATA = ROOT / "tests" / "data"
 SINGLE = str(DATA / "vf_single_env.py")
 MULTI_TURN = str(DATA / "vf_multiturn_env.py")
+TOOL = str(DATA / "vf_tool_env.py")
 NULL_HARNESS = {"harness": {"id": "null"}}
 """verifiers' plain chat loop (its default, `bash`, also offers a shell)."""
 
@@ -142,7 +144,7 @@ async def test_rewards_are_what_verifiers_scores_on_the_same_reply(tiny_engine):
         assert trajectory.rewards["length"] > 0  # a random reply has a length
 
 
-@pytest.mark.parametrize("path", [SINGLE, MULTI_TURN], ids=["single", "multi"])
+@pytest.mark.parametrize("path", [SINGLE, MULTI_TURN, TOOL], ids=["single", "multi", "tool"])
 async def test_trained_tokens_are_exactly_what_the_engine_sampled(path, tiny_engine, chat_format):
     trajectories = await _rollouts(_verifiers(path), tiny_engine)
     sampled_for: dict[tuple[int, ...], list[list[int]]] = {}
@@ -169,6 +171,53 @@ async def test_the_environment_answers_each_reply_in_one_token_record(tiny_engin
             "Higher.",
             "Lower.",
         )
+
+
+async def test_the_tools_the_harness_offered_are_the_trajectorys(tiny_engine, chat_format):
+    (trajectory, *_) = await _rollouts(_verifiers(TOOL), tiny_engine, tasks=1, rollouts=1)
+    (tool,) = trajectory.tools or []
+    assert tool["function"]["name"] == "calc_add"
+    assert tool["function"]["description"] == "Add two integers."
+    prompt = chat_format.tokenizer.decode(trajectory.token_ids)
+    assert "calc_add" in prompt  # the policy saw the tool
+
+
+async def test_a_tool_call_runs_the_verifiers_tool_and_its_result_comes_back():
+    env = _verifiers(TOOL)
+    task = env.tasks(3, seed=0)[1]  # 40 + 2
+    call = '<tool_call>\n{"name": "calc_add", "arguments": {"a": 40, "b": 2}}\n</tool_call>'
+    client = ScriptedClient([call, lambda messages: f"It is {messages[-1]['content']}."])
+    try:
+        episode = await env.rollout(client, task)
+    finally:
+        await env.aclose()
+    assert [m["role"] for m in episode.messages] == ["user", "assistant", "tool", "assistant"]
+    assert episode.messages[2]["content"] == "42"
+    assert episode.messages[-1]["content"] == "It is 42."
+    assert episode.turns == 2 and episode.tool_calls == 1
+    (scores,) = await env.rubric.score([episode])
+    assert scores.rewards == {"correct": 1.0, "length": 0.045, "used_tool": 1.0}
+    assert scores.total == pytest.approx(1.2045)
+
+
+async def test_a_harness_that_rewrites_the_conversation_is_refused():
+    """verifiers' bash harness compacts its context: the call after the summary starts
+    the conversation over, which the policy did not sample from."""
+    env = _verifiers(
+        TOOL, harness={"id": "bash", "edit": False, "compaction": {"summarize_at_tokens": 1}}
+    )
+    call = '<tool_call>\n{"name": "bash", "arguments": {"command": "echo hi"}}\n</tool_call>'
+    client = ScriptedClient([call, "The summary.", "Never asked."])
+    try:
+        with pytest.raises(EpisodeMisuse) as raised:
+            await env.rollout(client, env.tasks(1)[0])
+    finally:
+        await env.aclose()
+    assert str(raised.value).startswith(
+        "call 3 changed the conversation the policy has seen, from its message 2 on;"
+    )
+    assert len(client.prompts) == 2  # the summary was asked for; the call after it refused
+    assert client.prompts[1][-1]["role"] == "user"  # verifiers' request for a summary
 
 
 async def test_the_turn_limit_ends_the_episode_truncated_and_scored(tiny_engine):
@@ -212,7 +261,7 @@ def _source_shim(folder: Path) -> Path | None:
     return info.parent
 
 
-@pytest.mark.parametrize("path", [SINGLE, MULTI_TURN], ids=["single", "multi"])
+@pytest.mark.parametrize("path", [SINGLE, MULTI_TURN, TOOL], ids=["single", "multi", "tool"])
 def test_reinforge_eval_runs_it(path, tmp_path):
     out = tmp_path / "eval"
     result = _run(
@@ -238,13 +287,13 @@ def test_reinforge_eval_runs_it(path, tmp_path):
     terms = {SINGLE: {"length", "said_word"}, MULTI_TURN: {"guesses", "length", "found"}}
     for row in rows:
         assert row["status"] in ("ok", "truncated") and row["error"] is None
-        assert set(row["rewards"]) == terms[path]
+        assert set(row["rewards"]) == terms.get(path, {"correct", "length", "used_tool"})
         assert sum(row["loss_mask"]) == len(row["logprobs"]) > 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["environment"] == f"verifiers:{path}" and summary["rollouts"] == 4
 
 
-@pytest.mark.parametrize("path", [SINGLE, MULTI_TURN], ids=["single", "multi"])
+@pytest.mark.parametrize("path", [SINGLE, MULTI_TURN, TOOL], ids=["single", "multi", "tool"])
 def test_reinforge_train_takes_steps_on_it(path, tmp_path):
     result = _run(
         "train",
