@@ -220,6 +220,20 @@ async def test_a_harness_that_rewrites_the_conversation_is_refused():
     assert client.prompts[1][-1]["role"] == "user"  # verifiers' request for a summary
 
 
+async def test_a_second_agent_run_in_one_episode_is_refused():
+    import verifiers.v1 as vf
+    from verifiers.v1.errors import ProviderError
+
+    from reinforge.envs.ecosystem.verifiers_client import Conversation
+
+    conversation = Conversation(ScriptedClient(["Hi."]), max_turns=5, max_tokens_per_turn=8)
+    request = vf.Request(messages=[vf.UserMessage(content="Hello.")])
+    reply = await conversation.respond(request, "policy", None, "trace-1")
+    assert reply.message.content == "Hi."
+    with pytest.raises(ProviderError, match="^a second agent run called the policy"):
+        await conversation.respond(request, "policy", None, "trace-2")
+
+
 async def test_the_turn_limit_ends_the_episode_truncated_and_scored(tiny_engine):
     env = _verifiers(MULTI_TURN)
     env.harness.max_turns = 2

@@ -58,12 +58,26 @@ class Conversation:
         self.truncated = False
         """A call was refused at the episode's turn or token limit."""
         self.refusal: str | None = None
-        """Why a call that changed the conversation so far was refused."""
+        """Why a call was refused: it changed the conversation so far, or it came from a
+        second agent run."""
+        self._session: str | None = None
+        """The verifiers trace whose calls these are."""
         self._seen: list[str] = []
         """verifiers' identity (`message_hash`) of each message in `messages`."""
 
-    async def respond(self, request: vf.Request, model: str, max_tokens: int | None) -> vf.Response:
-        """The policy's reply to one call, recorded; `max_tokens` is the harness's own cap."""
+    async def respond(
+        self, request: vf.Request, model: str, max_tokens: int | None, session: str | None
+    ) -> vf.Response:
+        """The policy's reply to one call of the trace `session`, recorded; `max_tokens` is
+        the harness's own cap."""
+        if self._session is None:
+            self._session = session
+        elif session != self._session:
+            self.refusal = (
+                "a second agent run called the policy; reinforge trains on episodes of one "
+                "(verifiers' best-of-n and user-sim play more)"
+            )
+            raise ProviderError(self.refusal, status_code=400)
         hashes = [message_hash(m) for m in request.messages]
         if hashes[: len(self._seen)] != self._seen:
             changed = next(
@@ -159,7 +173,7 @@ class PolicyClient(vf.Client):
             )
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         response = await self.conversation.respond(
-            dialect.parse_request(body), body["model"], max_tokens
+            dialect.parse_request(body), body["model"], max_tokens, session_id
         )
         response.raw = serialize_completion(response, body["model"])
         return response
