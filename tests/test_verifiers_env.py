@@ -39,8 +39,6 @@ DATA = ROOT / "tests" / "data"
 SINGLE = str(DATA / "vf_single_env.py")
 MULTI_TURN = str(DATA / "vf_multiturn_env.py")
 TOOL = str(DATA / "vf_tool_env.py")
-NULL_HARNESS = {"harness": {"id": "null"}}
-"""verifiers' plain chat loop (its default, `bash`, also offers a shell)."""
 
 
 @pytest.fixture(autouse=True)
@@ -66,7 +64,7 @@ def _with_declared_source(group: str) -> list[EntryPoint]:
 
 
 def _verifiers(path: str, **args: object):
-    env = load_environment(f"verifiers:{path}", **{**NULL_HARNESS, **args})
+    env = load_environment(f"verifiers:{path}", **args)
     env.harness.max_tokens_per_turn = 8
     return env
 
@@ -96,6 +94,8 @@ def test_without_verifiers_the_loader_says_how_to_install_it(monkeypatch):
 def test_the_rubric_is_the_tasks_rewards_by_name_and_weight():
     env = _verifiers(SINGLE)
     assert env.name == f"verifiers:{SINGLE}"
+    assert env.env.config.agent.harness.id == "null"  # no shell unless asked for
+    assert env.env.config.agent.runtime.type == "subprocess"
     assert [(t.key, t.weight) for t in env.rubric.terms] == [("length", 0.5), ("said_word", 2.0)]
     tasks = env.tasks(6, seed=0)  # 4 tasks, cycled past that
     assert [t.id for t in tasks] == ["0", "1", "2", "3", "0#4", "1#5"]
@@ -289,8 +289,6 @@ def test_reinforge_eval_runs_it(path, tmp_path):
         "2",
         "--max-tokens",
         "8",
-        "--env-arg",
-        'harness={id = "null"}',
         "--out",
         str(out),
         cwd=tmp_path,
@@ -313,7 +311,6 @@ def test_reinforge_train_takes_steps_on_it(path, tmp_path):
         "train",
         "model.name=tiny-random",
         f"env.name=verifiers:{path}",
-        'env.args.harness={id = "null"}',
         "env.max_tokens_per_turn=8",
         "run.steps=1",
         f"run.dir={tmp_path}",

@@ -1,7 +1,7 @@
 """A single-turn verifiers environment, in verifiers' own style: a small dataset and two
 weighted rewards. Its length reward varies even for a random model.
 
-reinforge eval verifiers:tests/data/vf_single_env.py --env-arg harness='{id="null"}'
+reinforge eval verifiers:tests/data/vf_single_env.py --model tiny-random
 """
 
 import verifiers.v1 as vf

@@ -33,9 +33,10 @@ class VerifiersArgs(Section):
     """The taskset's own config, as verifiers' `env.taskset` (a split, a dataset name, a
     `task` table of its task config)."""
     harness: dict[str, Any] | None = None
-    """The program that plays the agent, as verifiers' `env.agent.harness`
-    (`{id = "null"}` for a plain chat loop); None: the taskset's own, else verifiers'
-    default (`bash`)."""
+    """The program that plays the agent, as verifiers' `env.agent.harness` (`{id =
+    "bash"}`: a chat loop with a shell); None: the taskset's own, else `null`, verifiers'
+    plain chat loop (verifiers' own default is `bash`, but here the runtime's default is
+    this machine)."""
     runtime: dict[str, Any] = Field(default_factory=lambda: {"type": "subprocess"})
     """Where the harness runs, as verifiers' `env.agent.runtime`: a local subprocess (the
     default here; verifiers' own default is a Prime sandbox), `docker`, `prime`..."""

@@ -67,9 +67,8 @@ class VerifiersEnvironment(Environment):
         taskset_id = _importable(name)
         try:
             roles = _roles(vf.env_config_type(taskset_id))
-            agent: dict[str, Any] = {"runtime": args.runtime}
-            if args.harness is not None:
-                agent["harness"] = args.harness
+            harness = args.harness or {"id": _default_harness(taskset_id)}
+            agent = {"runtime": args.runtime, "harness": harness}
             config = vf.resolve_env_config(
                 {"taskset": {**args.taskset, "id": taskset_id}} | dict.fromkeys(roles, agent)
             )
@@ -237,6 +236,13 @@ def _importable(name: str) -> str:
             [parent, *filter(None, [os.environ.get("PYTHONPATH")])]
         )
     return path.stem if path.is_file() else path.name
+
+
+def _default_harness(taskset_id: str) -> str:
+    """The taskset's own harness, else verifiers' plain chat loop: verifiers' default,
+    `bash`, offers the model a shell, and the default runtime here is this machine."""
+    bundled = vf.default_harness_id(taskset_id)
+    return "null" if bundled == "bash" else bundled
 
 
 def _roles(config_type: type[vf.EnvConfig]) -> list[str]:
