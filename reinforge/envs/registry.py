@@ -106,16 +106,16 @@ def validated_args(model: type[BaseModel], args: dict[str, Any]) -> BaseModel:
 
 
 def _factory(spec: str) -> Callable[..., Any]:
+    module_name, _, attribute = spec.partition(":")
+    sources = {ep.name: ep for ep in entry_points(group=SOURCES)}
+    if attribute and module_name in sources:  # first: its name may be a path (`verifiers:x.py`)
+        return partial(sources[module_name].load(), attribute)
     if Path(spec).is_dir():  # a task set, loaded by its format's loader (Harbor's)
         formats = {ep.name: ep for ep in entry_points(group=TASK_FORMATS)}
         return partial(formats["harbor"].load(), spec)
     if spec.endswith(".py") or Path(spec).is_file():
         return _from_file(Path(spec))
     if ":" in spec:
-        module_name, _, attribute = spec.partition(":")
-        sources = {ep.name: ep for ep in entry_points(group=SOURCES)}
-        if module_name in sources:
-            return partial(sources[module_name].load(), attribute)
         try:
             module = importlib.import_module(module_name)
         except Exception as error:  # not found, or the module itself is broken

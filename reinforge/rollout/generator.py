@@ -110,6 +110,8 @@ async def _rollout(
                 recipe.prepare(value, episode)
             trajectory.tools = env.request_tools(episode)
             await env.rollout(episode_client, task, episode)
+            # again: an environment whose harness picks the tools as it plays knows them now
+            trajectory.tools = env.request_tools(episode)
             return episode
 
         try:
