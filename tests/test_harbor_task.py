@@ -225,13 +225,25 @@ def test_a_shipped_repository_without_commits_stays_empty(tmp_path):
     )
 
 
-def test_reward_files():
+def test_reward_files_are_read_as_harbor_reads_them():
     assert parse_reward(b"0.75\n", None) == (0.75, {})
-    assert parse_reward(None, b"1") == (1.0, {})
     assert parse_reward(None, b'{"reward": 0.5, "style": 1}') == (0.5, {"reward": 0.5, "style": 1})
     assert parse_reward(None, b'{"a": 1, "b": 0}') == (0.5, {"a": 1.0, "b": 0.0})
+    assert parse_reward(b"0\n", b'{"reward": 1}') == (1.0, {"reward": 1.0})  # json wins
     assert parse_reward(None, None) == (None, {})
-    for text, data in ((b"passed", None), (None, b"[1]"), (None, b"{}"), (None, b"{")):
+    refused = [
+        (b"passed", None),
+        (b"nan", None),
+        (b"inf\n", None),
+        (None, b"1"),  # Harbor's rewards are a {name: number} object
+        (None, b"[1]"),
+        (None, b"{}"),
+        (None, b"{"),
+        (None, b'{"reward": "1"}'),
+        (None, b'{"reward": NaN}'),
+        (None, b'{"reward": 1e999}'),
+    ]
+    for text, data in refused:
         with pytest.raises(VerifierError):
             parse_reward(text, data)
 
