@@ -206,7 +206,7 @@ async def test_a_failing_verifier_is_an_error_not_a_zero(tmp_path):
     trajectories = await run_all(env)
     by_id = {t.task_id: t for t in trajectories}
     assert "wrote no reward file" in by_id["b-no-reward"].error
-    assert "not a number" in by_id["c-garbage"].error
+    assert "not a finite number" in by_id["c-garbage"].error
     for name in ("b-no-reward", "c-garbage"):
         assert by_id[name].status == Status.ERROR and by_id[name].reward is None
     assert by_id["d-ok"].status == Status.OK and by_id["d-ok"].reward == 0.0
@@ -248,6 +248,33 @@ async def test_the_agent_timeout_of_task_toml_ends_the_agent_phase_and_grading_g
     (trajectory,) = await run_all(played_by("oracle", tmp_path))
     assert trajectory.status == Status.TRUNCATED and trajectory.reward == 1.0
     assert trajectory.info["agent_timed_out"] is True
+
+
+async def test_the_workdir_and_env_of_task_toml_reach_the_agent_and_the_verifier(
+    tmp_path, monkeypatch
+):
+    """`[environment] workdir` is where the agent works, over the Dockerfile's WORKDIR;
+    `[environment] env` (a `${VAR}` read from the host) reaches the agent and the verifier,
+    `[verifier] env` the verifier alone."""
+    monkeypatch.setenv("TASK_SECRET", "from-host")
+    test_sh = """\
+        seen="$(cat /srv/work/seen)"
+        if [ "$seen" = "/srv/work strict from-host -" ] && [ "$MODE$CHECK" = stricton ]; then
+          echo 1; else echo 0; fi > /logs/verifier/reward.txt
+        """
+    write_task(
+        tmp_path,
+        "moved",
+        test_sh,
+        toml=(
+            "[environment]\nworkdir = '/srv/work'\n"
+            "env = { MODE = 'strict', SECRET = '${TASK_SECRET}' }\n"
+            "[verifier]\nenv = { CHECK = 'on' }\n"
+        ),
+        solve_sh='echo "$(pwd) $MODE $SECRET ${CHECK:--}" > seen\n',
+    )
+    (trajectory,) = await run_all(played_by("oracle", tmp_path))
+    assert trajectory.reward == 1.0, trajectory.info
 
 
 async def test_the_oracle_reads_the_files_its_instruction_names_when_read_file_is_offered(

@@ -78,12 +78,66 @@ def test_task_toml_keeps_what_a_sandbox_needs_and_tolerates_the_rest(tmp_path):
     assert task.config.verifier.timeout_sec == 12.5
     assert task.config.verifier.env == {"MODE": "strict"}
     resources = task.config.environment
-    assert (resources.cpus, resources.memory_bytes(), resources.storage_bytes()) == (
-        2,
-        1 << 30,
-        300 << 20,
-    )
+    assert (resources.cpus, resources.memory_mb, resources.storage_mb) == (2, 1024, 300)
     assert task.plan.workdir == "/srv" and task.instruction == "Do it.\n"
+
+
+def test_task_toml_means_what_harbor_means(tmp_path, monkeypatch):
+    """The fields Harbor added or changed since its first schema: the agent's own workdir,
+    network policies, env tables with `${VAR}` read from the host, and the canary lines
+    that open an instruction, which an agent never sees."""
+    monkeypatch.setenv("TASK_TOKEN", "from-host")
+    monkeypatch.delenv("TASK_UNSET", raising=False)
+    toml = (
+        "[agent]\nnetwork_mode = 'no-network'\n"
+        "[verifier]\nenv = { TOKEN = '${TASK_TOKEN}', LEVEL = '${TASK_UNSET:-3}' }\n"
+        "[solution]\nenv = { TOKEN = 'x${TASK_TOKEN}' }\n"
+        "[environment]\nworkdir = '/srv/work/'\nallow_internet = true\n"
+        "env = { MODE = 'strict', TOKEN = '${TASK_TOKEN}' }\n"
+    )
+    dockerfile = "FROM x\nWORKDIR /app\nENV MODE=loose A=1\nCOPY a.py /srv/work/\n"
+    path = make_task(tmp_path, toml=toml, dockerfile=dockerfile)
+    (path / "environment" / "a.py").write_text("a")
+    (path / "instruction.md").write_text(
+        "<!-- BENCHMARK DATA. canary GUID 1234 -->\n# harbor-canary GUID 1234\n\nDo it.\n"
+    )
+    task = load_task(path)
+    assert task.instruction == "Do it.\n"
+    assert task.workdir == "/srv/work" and task.shipped_paths() == {"/srv/work/a.py"}
+    assert task.env == {"MODE": "strict", "A": "1", "TOKEN": "from-host"}
+    assert task.config.verifier.env == {"TOKEN": "from-host", "LEVEL": "3"}
+    assert task.config.solution.env == {"TOKEN": "x${TASK_TOKEN}"}  # not all a template
+    assert task.config.environment.network_mode == "public"  # from allow_internet
+    assert not task.config.agent_internet  # the agent phase's own policy wins
+    mode = {
+        "[environment]\nallow_internet = false\n": False,
+        "[environment]\nallow_internet = false\nnetwork_mode = 'public'\n": True,
+        "[environment]\nnetwork_mode = 'allowlist'\nallowed_hosts = ['pypi.org']\n": False,
+        "[environment]\nnetwork_mode = 'no-network'\n[agent]\nnetwork_mode = 'public'\n": True,
+        "": True,
+    }
+    for i, (toml, internet) in enumerate(mode.items()):
+        assert (
+            load_task(make_task(tmp_path, f"net{i}", toml=toml)).config.agent_internet == internet
+        )
+
+
+@pytest.mark.parametrize(
+    ("toml", "error"),
+    [
+        ("[environment]\nmemory = '1G'\nmemory_mb = 2048\n", "is 1024 MB but memory_mb"),
+        ("[environment]\nstorage = '4GB'\n", "expected a number with G, M or K"),
+        ("[environment]\nworkdir = 'app'\n", "not an absolute path"),
+        ("[environment]\nnetwork_mode = 'open'\n", "network_mode"),
+        ("[environment]\nos = 'windows'\n", "os = 'windows'; tasks run on Linux"),
+        ("[[steps]]\nname = 'one'\n", r"multi-step tasks \(\[\[steps\]\]\) are not supported"),
+        ("[verifier]\nenv = { KEY = '${TASK_UNSET}' }\n", r"\[verifier\] env KEY = .*not set"),
+    ],
+)
+def test_task_toml_that_harbor_refuses_is_refused_in_one_line(tmp_path, monkeypatch, toml, error):
+    monkeypatch.delenv("TASK_UNSET", raising=False)
+    with pytest.raises(UsageError, match=error):
+        load_task(make_task(tmp_path, toml=toml, dockerfile="FROM x\n"))
 
 
 def test_bad_task_dirs_are_usage_errors_naming_the_file(tmp_path):
@@ -225,13 +279,25 @@ def test_a_shipped_repository_without_commits_stays_empty(tmp_path):
     )
 
 
-def test_reward_files():
+def test_reward_files_are_read_as_harbor_reads_them():
     assert parse_reward(b"0.75\n", None) == (0.75, {})
-    assert parse_reward(None, b"1") == (1.0, {})
     assert parse_reward(None, b'{"reward": 0.5, "style": 1}') == (0.5, {"reward": 0.5, "style": 1})
     assert parse_reward(None, b'{"a": 1, "b": 0}') == (0.5, {"a": 1.0, "b": 0.0})
+    assert parse_reward(b"0\n", b'{"reward": 1}') == (1.0, {"reward": 1.0})  # json wins
     assert parse_reward(None, None) == (None, {})
-    for text, data in ((b"passed", None), (None, b"[1]"), (None, b"{}"), (None, b"{")):
+    refused = [
+        (b"passed", None),
+        (b"nan", None),
+        (b"inf\n", None),
+        (None, b"1"),  # Harbor's rewards are a {name: number} object
+        (None, b"[1]"),
+        (None, b"{}"),
+        (None, b"{"),
+        (None, b'{"reward": "1"}'),
+        (None, b'{"reward": NaN}'),
+        (None, b'{"reward": 1e999}'),
+    ]
+    for text, data in refused:
         with pytest.raises(VerifierError):
             parse_reward(text, data)
 

@@ -316,7 +316,8 @@ class BuiltImage:
 
     name: str
     workdir: str
-    """The image's WORKDIR, or `default_workdir` where it sets none."""
+    """The sandboxes' workdir: the one asked for, else the image's WORKDIR, else
+    `default_workdir`."""
     env: dict[str, str]
     """The image's ENV."""
     files: frozenset[str]
@@ -324,11 +325,16 @@ class BuiltImage:
 
 
 def build_image(
-    context: Path, tag: str, default_workdir: str, docker: str = "docker"
+    context: Path,
+    tag: str,
+    default_workdir: str,
+    docker: str = "docker",
+    *,
+    workdir: str | None = None,
 ) -> BuiltImage:
     """The image of `context/Dockerfile`, tagged `tag`. A tag that exists is used as it is,
     so name it after the context's contents. A failed build raises SandboxError with the end
-    of Docker's log."""
+    of Docker's log. `workdir`, where given, is the sandboxes' over the image's WORKDIR."""
     if _run(docker, "image", "inspect", tag).returncode != 0:
         done = _run(docker, "build", "--tag", tag, str(context))
         if done.returncode != 0:
@@ -337,7 +343,7 @@ def build_image(
     config = json.loads(
         _run(docker, "image", "inspect", "--format", "{{json .Config}}", tag).stdout
     )
-    workdir = config.get("WorkingDir") or default_workdir
+    workdir = workdir or config.get("WorkingDir") or default_workdir
     env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
     container = _run(docker, "create", tag, "true").stdout.decode().strip()
     try:

@@ -115,6 +115,19 @@ async def test_writable_dirs_start_with_what_the_image_holds_there(
     assert (await fresh.exec("cat sub/made.txt; ls new")).stdout == b"made\n"
 
 
+def test_a_workdir_asked_for_wins_over_the_image_s(
+    docker_image: str, tmp_path: Path, fresh_tag: str
+) -> None:
+    """A Harbor task's `[environment] workdir` is its sandboxes' over the image's WORKDIR,
+    and the files the image holds there are the ones it shipped."""
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {docker_image}\nWORKDIR /app\n"
+        "RUN mkdir -p /srv/work && echo a > /srv/work/a.txt && echo b > b.txt\n"
+    )
+    built = build_image(tmp_path, fresh_tag, "/app", workdir="/srv/work")
+    assert (built.workdir, built.files) == ("/srv/work", {"/srv/work/a.txt"})
+
+
 async def test_killing_every_other_process_leaves_the_container_up(
     docker_sandbox: DockerSandbox,
 ) -> None:

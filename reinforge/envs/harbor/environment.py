@@ -168,14 +168,14 @@ class HarborEnvironment(Environment):
     def spec(self, task: HarborTask, *, verifier: bool = False) -> SandboxSpec:
         """The sandbox the task asks for in task.toml and its Dockerfile."""
         resources = task.config.environment
-        internet = self.args.allow_internet and resources.allow_internet and not verifier
+        internet = self.args.allow_internet and task.config.agent_internet and not verifier
         writable: tuple[str, ...] = (TESTS_DIR,) if verifier else ()
         if not verifier and self.agent == "oracle":
             writable = (SOLUTION_DIR,)
         return SandboxSpec(
             base=Image(task.image.name) if task.image else HostView(),
-            disk_bytes=resources.storage_bytes(),
-            memory_bytes=resources.memory_bytes(),
+            disk_bytes=resources.storage_mb << 20,
+            memory_bytes=resources.memory_mb << 20,
             cpus=resources.cpus,
             network="on" if internet else "off",
             workdir=task.workdir,

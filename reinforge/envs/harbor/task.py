@@ -4,8 +4,9 @@ A task is a directory: `instruction.md` (what the agent is told), `task.toml` (t
 resources), `environment/` (a Dockerfile and its build context), `solution/solve.sh` (the
 reference, run by the oracle agent) and `tests/test.sh` (the verifier, which writes
 `/logs/verifier/reward.txt` or `reward.json`). Harbor's own Python package needs Python
->= 3.12, so this module follows its documented `task.toml` schema with a small pydantic
-model that keeps only what a sandbox needs and ignores every other key.
+>= 3.12, so this module reads `task.toml` with a small pydantic model of the keys a
+sandbox needs, each meaning what it means in Harbor's task model, and ignores the rest
+(docs/harbor.md has the table of both).
 
 On the local backend there is no image build: a Dockerfile made only of FROM (the host's
 system stands in for the named image), WORKDIR, COPY/ADD of local files and ENV is
@@ -33,9 +34,16 @@ import tempfile
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from reinforge.errors import UsageError
 from reinforge.sandbox.docker import BuiltImage, build_image
@@ -46,6 +54,7 @@ cannot be a sandbox workdir)."""
 LOCAL_INSTRUCTIONS = frozenset({"FROM", "WORKDIR", "COPY", "ADD", "ENV"})
 WRITABLE_TOPS = ("tmp", "root", "var")
 """Top-level directories the local host view always makes writable (besides the workdir)."""
+CANARY_LINE = re.compile(r"(<!--.*canary.*-->|#.*canary.*)", re.IGNORECASE)
 GIT_DIR = ".git"
 GIT_CONFIG_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
 """git rebuilding a task's repository on the host reads no system or user config: the
@@ -56,8 +65,14 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+NetworkMode = Literal["public", "no-network", "allowlist"]
+"""Harbor's network policies; reinforge has no allowlist, so only `public` opens the network."""
+
+
 class AgentSection(_Section):
     timeout_sec: float | None = Field(None, gt=0)
+    network_mode: NetworkMode | None = None
+    """The agent phase's own policy, over `[environment]`'s."""
 
 
 class VerifierSection(_Section):
@@ -71,18 +86,48 @@ class SolutionSection(_Section):
 
 class EnvironmentSection(_Section):
     cpus: float = Field(1, gt=0)
+    """Harbor sets no limit where a task gives none; a rollout's sandbox always has one."""
     memory_mb: int = Field(2048, gt=0)
     storage_mb: int = Field(10240, gt=0)
-    allow_internet: bool = True
-    memory: str | None = None
-    """Deprecated in Harbor ("4G"); mapped onto `memory_mb`."""
-    storage: str | None = None
+    network_mode: NetworkMode = "public"
+    allow_internet: bool | None = None
+    """Deprecated in Harbor: where `network_mode` is not given, it is `public` or `no-network`."""
+    workdir: str | None = None
+    """Where the agent works, over the Dockerfile's WORKDIR."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Variables every process of the task gets: the agent's, the oracle's, the verifier's."""
+    os: str = "linux"
 
-    def memory_bytes(self) -> int:
-        return _size_mb(self.memory) << 20 if self.memory else self.memory_mb << 20
+    @model_validator(mode="before")
+    @classmethod
+    def _sizes_as_mb(cls, data: Any) -> Any:
+        """Harbor's deprecated `memory = "4G"` and `storage` are `memory_mb` and `storage_mb`;
+        one that disagrees with the key it stands for is refused, as Harbor refuses it."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for old in ("memory", "storage"):
+            value = data.pop(old, None)
+            if isinstance(value, str):  # Harbor drops any other type
+                new, mb = f"{old}_mb", _size_mb(value)
+                if data.setdefault(new, mb) != mb:
+                    raise ValueError(f"{old} = {value!r} is {mb} MB but {new} = {data[new]!r}")
+        return data
 
-    def storage_bytes(self) -> int:
-        return _size_mb(self.storage) << 20 if self.storage else self.storage_mb << 20
+    @model_validator(mode="after")
+    def _legacy_internet(self) -> EnvironmentSection:
+        if self.allow_internet is not None and "network_mode" not in self.model_fields_set:
+            self.network_mode = "public" if self.allow_internet else "no-network"
+        return self
+
+    @field_validator("workdir")
+    @classmethod
+    def _absolute(cls, workdir: str | None) -> str | None:
+        if workdir is None:
+            return None
+        if not workdir.startswith("/"):
+            raise ValueError(f"workdir {workdir!r} is not an absolute path")
+        return str(PurePosixPath(workdir))
 
 
 class TaskConfig(_Section):
@@ -95,14 +140,42 @@ class TaskConfig(_Section):
     environment: EnvironmentSection = Field(default_factory=EnvironmentSection)
     metadata: dict[str, Any] = Field(default_factory=dict)
     """Harbor's free-form `[metadata]` (`difficulty`, `category`, `tags`...)."""
+    steps: list[Any] | None = None
+    """Harbor's multi-step tasks, which are refused: each step has its own instruction."""
+
+    @property
+    def agent_internet(self) -> bool:
+        """Whether the task lets its agent phase reach the network."""
+        return (self.agent.network_mode or self.environment.network_mode) == "public"
 
 
 def _size_mb(text: str) -> int:
+    """Harbor's size: a number with G, M or K (no B), in whole megabytes."""
     units = {"G": 1024, "M": 1, "K": 1 / 1024}
-    text = text.strip().upper().removesuffix("B")
+    text = text.strip().upper()
     if not text or text[-1] not in units:
         raise ValueError(f"size {text!r}: expected a number with G, M or K")
     return int(float(text[:-1]) * units[text[-1]])
+
+
+ENV_TEMPLATE = re.compile(r"\$\{(?P<name>[^}:]+)(?::-(?P<default>.*))?\}")
+"""A value that is all `${NAME}` or `${NAME:-default}` is read from the host's environment."""
+
+
+def resolve_env(env: dict[str, str], table: str) -> dict[str, str]:
+    """`env` with its `${NAME}` values taken from the host, as Harbor's runner takes them."""
+    resolved = {}
+    for key, value in env.items():
+        template = ENV_TEMPLATE.fullmatch(value)
+        if template is None:
+            resolved[key] = value
+        elif template["name"] in os.environ:
+            resolved[key] = os.environ[template["name"]]
+        elif template["default"] is not None:
+            resolved[key] = template["default"]
+        else:
+            raise UsageError(f"{table} {key} = {value!r}: ${template['name']} is not set")
+    return resolved
 
 
 @dataclass(frozen=True)
@@ -145,8 +218,9 @@ class HarborTask:
 
     @property
     def env(self) -> dict[str, str]:
-        """The image's ENV."""
-        return self.image.env if self.image else self.plan.env
+        """The image's ENV, and the task's `[environment] env` over it."""
+        image = self.image.env if self.image else self.plan.env
+        return image | self.config.environment.env
 
     def build(self, docker: str) -> None:
         """Make the task's image with the `docker` CLI (SandboxError when the build fails)."""
@@ -157,7 +231,8 @@ class HarborTask:
             digest.update(hashlib.sha256(file.read_bytes()).digest())
         name = re.sub(r"[^a-z0-9._-]+", "-", self.name.lower()).strip(".-") or "task"
         tag = f"reinforge-harbor/{name}:{digest.hexdigest()[:16]}"
-        self.image = build_image(context, tag, DEFAULT_WORKDIR, docker)
+        workdir = self.config.environment.workdir
+        self.image = build_image(context, tag, DEFAULT_WORKDIR, docker, workdir=workdir)
 
     @property
     def tests_dir(self) -> Path:
@@ -286,8 +361,9 @@ def _git(git_dir: Path, *args: str, stdin: bytes = b"", check: bool = True) -> b
     return done.stdout
 
 
-def parse_dockerfile(text: str) -> ImagePlan:
-    """The local replay plan of a Dockerfile (line continuations and comments handled)."""
+def parse_dockerfile(text: str, workdir_override: str | None = None) -> ImagePlan:
+    """The local replay plan of a Dockerfile (line continuations and comments handled);
+    `workdir_override` (the task's `[environment] workdir`) is the agent's over any WORKDIR."""
     plan = ImagePlan()
     workdir: str | None = None
     for number, line in _instructions(text):
@@ -313,8 +389,7 @@ def parse_dockerfile(text: str) -> ImagePlan:
                 plan.needs_docker = f"ADD of a URL at Dockerfile line {number} needs Docker"
                 return plan
             plan.copies.append(Copy(tuple(words[:-1]), words[-1], workdir or "/"))
-    if workdir is not None:
-        plan.workdir = workdir
+    plan.workdir = workdir_override or workdir or plan.workdir
     reason = _unwritable(plan)
     if reason:
         plan.needs_docker = reason
@@ -371,6 +446,19 @@ def _unwritable(plan: ImagePlan) -> str | None:
     return None
 
 
+def strip_canary(text: str) -> str:
+    """The instruction less the canary lines that open it (comments holding the word
+    "canary", which mark a benchmark's files so that training sets can leave them out)
+    and the blank lines after them: Harbor never shows those to an agent."""
+    lines = text.split("\n")
+    first = 0
+    while first < len(lines) and CANARY_LINE.fullmatch(lines[first].strip()):
+        first += 1
+    while first < len(lines) and not lines[first].strip():
+        first += 1
+    return "\n".join(lines[first:])
+
+
 def is_task_dir(path: Path) -> bool:
     return (path / "task.toml").is_file()
 
@@ -383,6 +471,17 @@ def load_task(path: Path) -> HarborTask:
         config = TaskConfig.model_validate(tomllib.loads(config_path.read_text()))
     except (OSError, tomllib.TOMLDecodeError, ValidationError, ValueError) as error:
         raise UsageError(f"{config_path}: {error}") from error
+    if config.steps:
+        raise UsageError(f"{config_path}: multi-step tasks ([[steps]]) are not supported")
+    if config.environment.os.lower() != "linux":
+        raise UsageError(f"{config_path}: os = {config.environment.os!r}; tasks run on Linux")
+    env_tables = {
+        "environment": config.environment,
+        "verifier": config.verifier,
+        "solution": config.solution,
+    }
+    for table, section in env_tables.items():
+        section.env = resolve_env(section.env, f"{config_path}: [{table}] env")
     instruction_path = path / "instruction.md"
     if not instruction_path.is_file():
         raise UsageError(f"{path}: no instruction.md")
@@ -390,10 +489,11 @@ def load_task(path: Path) -> HarborTask:
         raise UsageError(f"{path}: no tests/test.sh")
     dockerfile = path / "environment" / "Dockerfile"
     if dockerfile.is_file():
-        plan = parse_dockerfile(dockerfile.read_text())
+        plan = parse_dockerfile(dockerfile.read_text(), config.environment.workdir)
     else:  # a prebuilt image or compose file: Docker's business
         plan = ImagePlan(needs_docker="no environment/Dockerfile; needs Docker")
-    task = HarborTask(path, path.name, instruction_path.read_text(), config, plan)
+    instruction = strip_canary(instruction_path.read_text())
+    task = HarborTask(path, path.name, instruction, config, plan)
     if plan.needs_docker is None:
         task.environment_tar()  # a COPY of a missing file fails here, at load time
     return task

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import shlex
 import tarfile
 from dataclasses import dataclass
@@ -394,23 +395,34 @@ def _check_ending(exit_code: int, outlived: int, not_regular: list[str], output:
 def parse_reward(
     text: bytes | None, json_bytes: bytes | None
 ) -> tuple[float | None, dict[str, float]]:
-    """reward.txt holds one number; reward.json a number or {name: number} (its `reward`
-    key, else the mean). A file that is there but unreadable raises VerifierError."""
-    if text is not None:
+    """Read as Harbor reads them: reward.json, an object {name: number}, wins where both are
+    there (its `reward` key is the reward, else the mean); reward.txt holds one number. A
+    file that is there but unreadable, or a reward that is not a finite number, raises
+    VerifierError: NaN or an infinity would poison every mean and advantage it joined."""
+    if json_bytes is not None:
         try:
-            return float(text.decode().strip()), {}
-        except (UnicodeDecodeError, ValueError) as error:
-            raise VerifierError(f"reward.txt is not a number: {text[:100]!r}") from error
-    if json_bytes is None:
+            value: Any = json.loads(json_bytes)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise VerifierError(f"reward.json is not JSON: {error}") from error
+        if not isinstance(value, dict) or not value:
+            raise VerifierError(f"reward.json is not an object {{name: number}}: {value!r:.100}")
+        bad = {k: v for k, v in value.items() if not _is_finite_number(v)}
+        if bad:
+            raise VerifierError(
+                f"reward.json holds rewards that are not finite numbers: {bad!r:.100}"
+            )
+        rewards = {str(k): float(v) for k, v in value.items()}
+        return rewards.get("reward", sum(rewards.values()) / len(rewards)), rewards
+    if text is None:
         return None, {}
     try:
-        value: Any = json.loads(json_bytes)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value), {}
-        rewards = {str(k): float(v) for k, v in value.items()}
-    except (ValueError, TypeError, AttributeError) as error:
-        raise VerifierError(f"reward.json is not a number or {{name: number}}: {error}") from error
-    if not rewards:
-        raise VerifierError("reward.json is empty")
-    total = rewards.get("reward", sum(rewards.values()) / len(rewards))
-    return total, rewards
+        reward = float(text.decode().strip())
+    except (UnicodeDecodeError, ValueError):
+        reward = math.nan
+    if not math.isfinite(reward):
+        raise VerifierError(f"reward.txt is not a finite number: {text[:100]!r}")
+    return reward, {}
+
+
+def _is_finite_number(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
