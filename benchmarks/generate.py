@@ -34,8 +34,9 @@ the servers with its own interpreter; `--engines builtin` runs without it.
 `--baseline DIR` adds `builtin@before float32` and `builtin@before bfloat16`: the built-in
 engine's servers started from another checkout of reinforge (DIR, e.g. a git worktree of
 the commit before a change), in the same rounds as this checkout's, with their ratios.
-`--threads N` starts every server with `model.threads=N` (on a shared machine one thread
-is the steadier choice: benchmarks/README.md, "Threads of a server on a shared machine").
+`--threads N` starts every server with `model.threads=N` and runs `generate` and the
+bandwidth read with N torch threads (on a shared machine one thread is the steadier
+choice: benchmarks/README.md, "Threads of a server on a shared machine").
 
     python benchmarks/generate.py [--rounds 3] [--json out.json] [--quick]
         [--engines builtin] [--baseline ../before] [--threads 1]
@@ -126,6 +127,8 @@ def main() -> None:
         if args.quick
         else Settings(rounds=args.rounds, requests=32, batch1_tries=3, syncs=3)
     )
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     load_start = os.getloadavg()[0]
 
     messages = [
