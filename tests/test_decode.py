@@ -7,9 +7,10 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from reinforge.policy.batch import layout
-from reinforge.policy.decode import LlamaDecoder, decode_step, llama_decoder
+from reinforge.policy.decode import LlamaDecoder, _Rotary, _rotate, decode_step, llama_decoder
 from reinforge.policy.kv_cache import cache_keyword, roomy_cache
 from reinforge.policy.models import load_model
 
@@ -103,12 +104,66 @@ def test_the_written_out_step_gives_transformers_logits_and_cache(
         torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
 
 
-def test_bfloat16_steps_stay_within_its_rounding() -> None:
+@pytest.mark.parametrize(
+    "prompts",
+    [[[5, 6, 7, 8, 9]], [[5, 6, 7], [10, 11, 12, 13, 14]]],
+    ids=["one row, no padding", "left-padded rows"],
+)
+def test_bfloat16_steps_stay_within_its_rounding(prompts: list[list[int]]) -> None:
     model = _llama().to(torch.bfloat16)
-    theirs, ours, _ = _decode_both(model, [[5, 6, 7], [10, 11, 12, 13, 14]], steps=4)
+    theirs, ours, keys = _decode_both(model, prompts, steps=4)
     for expected, actual in zip(theirs, ours, strict=True):
         assert actual.dtype == expected.dtype == torch.bfloat16
         torch.testing.assert_close(actual.float(), expected.float(), rtol=0.05, atol=0.05)
+    for expected, actual in keys:
+        torch.testing.assert_close(actual.float(), expected.float(), rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_rotation_gives_transformers_numbers_exactly(dtype: torch.dtype) -> None:
+    """A roll against a sin with its first half negated, for rotate_half's slices and cat:
+    the same products, bit for bit."""
+    model = _llama().to(dtype)
+    positions = torch.tensor([[3], [40], [0]])  # (B, 1)
+    torch.manual_seed(0)
+    q = torch.randn(3, 2, 4, 8).to(dtype)  # (B, Hk, G, D)
+    k = torch.randn(3, 2, 1, 8).to(dtype)
+    cos, sin = model.model.rotary_emb(q, positions)  # (B, 1, D)
+    expected = apply_rotary_pos_emb(q, k, cos, sin)
+    table_cos, signed_sin = _Rotary(model.model.rotary_emb)(q, positions, width=41)
+    assert torch.equal(table_cos, cos.unsqueeze(1))
+    for theirs, ours in zip(expected, (q, k), strict=True):
+        assert torch.equal(_rotate(ours, table_cos, signed_sin), theirs)
+
+
+def test_the_rotary_table_grows_and_stays_the_modules_output() -> None:
+    model = _llama()
+    decoder = llama_decoder(model)
+    assert decoder is not None and decoder.rotary.tabled
+    theirs, ours, _ = _decode_both(model, [[5, 6, 7], [8]], steps=3, decoder=decoder)
+    first = decoder.rotary.table
+    assert first is not None
+    # Later steps pass the table's end (positions past the first steps' mask width).
+    theirs, ours, _ = _decode_both(model, [[5, 6, 7], [8]], steps=2 * len(first), decoder=decoder)
+    for expected, actual in zip(theirs, ours, strict=True):
+        torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+    table = decoder.rotary.table
+    assert table is not None and len(table) > len(first)
+    positions = torch.arange(len(table))[None]
+    cos, sin = model.model.rotary_emb(table, positions)  # (1, T, D) each
+    assert torch.equal(table[:, 0], cos[0])
+    assert torch.equal(table[:, 1].abs(), sin[0].abs())
+
+
+def test_a_rope_that_rescales_with_the_length_calls_its_module_every_step() -> None:
+    """Dynamic rope recomputes its frequencies from the longest position: no table holds
+    them, so each step asks the module, as transformers' forward does."""
+    model = _llama(rope_scaling={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=8)
+    decoder = llama_decoder(model)
+    assert decoder is not None and not decoder.rotary.tabled
+    theirs, ours, _ = _decode_both(model, [[5, 6, 7], [8, 9, 10, 11, 12]], steps=6)
+    for expected, actual in zip(theirs, ours, strict=True):
+        torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_weights_changed_in_place_are_used_at_once() -> None:

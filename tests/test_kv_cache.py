@@ -51,7 +51,8 @@ def test_appends_write_in_place_until_the_room_is_full() -> None:
 def test_states_replaced_from_outside_get_new_room() -> None:
     """The engine's merge and retire assign `keys`/`values`; the room must not outlive them."""
     layer = RoomyLayer()
-    layer.update(torch.zeros(4, 1, 3, 2), torch.zeros(4, 1, 3, 2))
+    layer.update(torch.zeros(4, 1, 2, 2), torch.zeros(4, 1, 2, 2))
+    layer.update(torch.zeros(4, 1, 1, 2), torch.zeros(4, 1, 1, 2))  # appended in place
     kept = torch.ones(2, 1, 3, 2)  # two rows retired: a fresh, smaller tensor
     layer.keys, layer.values = kept.clone(), kept.clone()
     new = torch.full((2, 1, 1, 2), 2.0)
@@ -62,3 +63,7 @@ def test_states_replaced_from_outside_get_new_room() -> None:
     keys, _ = layer.update(new * 2, new * 2)
     assert keys.shape == (2, 1, 3, 2)
     assert torch.equal(keys[:, :, :2], kept[:, :, :2]) and torch.equal(keys[:, :, 2:], new * 2)
+    layer.keys = layer.keys.clone()  # the same shape, other storage: still not the room
+    layer.keys[:, :, 0] = 5.0
+    keys, _ = layer.update(new, new)
+    assert keys.shape == (2, 1, 4, 2) and torch.equal(keys[:, :, 0], torch.full((2, 1, 2), 5.0))

@@ -1,11 +1,14 @@
 """The built-in engine's decode step for Llama-shaped models, written out in torch.
 
-At small batch a decode step is mostly per-op overhead: transformers' forward calls ~1,800
-ops from Python for SmolLM2-135M, building a 4-D mask, repeating key/value heads and
-reshaping for a sequence of one (`benchmarks/README.md`, "The built-in engine at batch
-1"). This step computes the same function without those, with the residuals added inside
-the matmuls, from the model's own parameters (no copy, so in-place updates, the shared
-trainer's optimizer step included, are seen at once), and appends to the same KV cache;
+At small batch much of a decode step can be per-op overhead: transformers' forward calls
+~1,800 ops from Python for SmolLM2-135M, building a 4-D mask, computing the rotary
+embedding, repeating key/value heads and reshaping for a sequence of one
+(`benchmarks/README.md`, "The built-in engine at batch 1"). This step computes the same
+function with ~1,300 (~1,400 in bf16): rotary cos and sin come from a table by position,
+the mask is made additive once per step, the query heads of a key/value head attend as
+one group, temporaries are changed in place and the residuals are added inside the
+matmuls. It reads the model's own parameters (no copy, so in-place updates, the shared
+trainer's optimizer step included, are seen at once) and appends to the same KV cache;
 the engine uses it for every decode step and keeps transformers' forward for prefills.
 Models of any other shape, or wrapped (a LoRA model), keep transformers' forward.
 """
@@ -69,6 +72,7 @@ class LlamaDecoder:
             )
             for block in model.model.layers
         ]
+        self.rotary = _Rotary(model.model.rotary_emb)
 
     def __call__(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Cache
@@ -77,29 +81,73 @@ class LlamaDecoder:
         marks the real columns, the new one last. Appends each layer's new key and value to
         `cache`; returns the logits (B, V)."""
         rows, kv_heads, dim = ids.shape[0], self.kv_heads, self.head_dim
+        group = self.heads // kv_heads
         x = self.model.model.embed_tokens(ids)  # (B, H)
-        cos, sin = self.model.model.rotary_emb(x, positions)  # (B, 1, D) each, in x's dtype
-        # Attention skips padding columns; a batch without any needs no mask at all.
-        keep = None if bool(mask.all()) else mask.bool()[:, None, None, :]  # (B, 1, 1, L)
+        cos, sin = self.rotary(x, positions, mask.shape[1])  # (B, 1, 1, D) each, x's dtype
+        # Attention skips padding columns; a batch without any needs no mask at all. The
+        # mask is made additive once here, not by attention in every layer.
+        keep = None if bool(mask.all()) else _additive(mask, x.dtype)  # (B, 1, 1, L)
         for index, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.norm1.weight, self.eps)
-            q = _rotate(_linear(h, layer.q).view(rows, self.heads, dim), cos, sin)
-            k = _rotate(_linear(h, layer.k).view(rows, kv_heads, dim), cos, sin)
-            v = _linear(h, layer.v).view(rows, kv_heads, 1, dim)
-            keys, values = cache.update(k.unsqueeze(2), v, index)  # (B, Hk, L, D) each
             # The query heads sharing a key/value head are that head's "query positions":
             # the same sums as repeating keys and values per query head, without the copy.
+            q = _rotate(_linear(h, layer.q).view(rows, kv_heads, group, dim), cos, sin)
+            k = _rotate(_linear(h, layer.k).view(rows, kv_heads, 1, dim), cos, sin)
+            v = _linear(h, layer.v).view(rows, kv_heads, 1, dim)
+            keys, values = cache.update(k, v, index)  # (B, Hk, L, D) each
             attended = F.scaled_dot_product_attention(
-                q.view(rows, kv_heads, self.heads // kv_heads, dim),
-                keys,
-                values,
-                attn_mask=keep,
-                scale=dim**-0.5,
+                q, keys, values, attn_mask=keep, scale=dim**-0.5
             )  # (B, Hk, G, D)
             x = _add_linear(x, attended.reshape(rows, self.heads * dim), layer.o)
             h = _rms_norm(x, layer.norm2.weight, self.eps)
-            x = _add_linear(x, F.silu(_linear(h, layer.gate)) * _linear(h, layer.up), layer.down)
+            gated = F.silu(_linear(h, layer.gate), inplace=True).mul_(_linear(h, layer.up))
+            x = _add_linear(x, gated, layer.down)
         return self.model.lm_head(_rms_norm(x, self.model.model.norm.weight, self.eps))
+
+
+class _Rotary:
+    """The model's rotary cos and sin at each row's position, looked up in a table of the
+    rotary module's own output for many positions at once, so a step does not call the
+    module (~10 ops) and any rope scaling the module applies is kept exactly.
+
+    Rope types that recompute their frequencies from the batch's longest position (dynamic,
+    longrope) call the module every step instead. The sin is returned with its first half
+    negated: `_rotate` then rolls where rotate_half takes two slices, a negation and a cat,
+    for the same products (only their signs move).
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        kind = getattr(module, "rope_type", "default")
+        self.tabled = isinstance(kind, str) and "dynamic" not in kind and kind != "longrope"
+        self.table: torch.Tensor | None = None  # (T, 2, D): cos and signed sin by position
+
+    def __call__(
+        self, x: torch.Tensor, positions: torch.Tensor, width: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin (B, 1, 1, D) in x's dtype at `positions` (B, 1), each below
+        `width`."""
+        if not self.tabled:
+            cos, sin = _signed(*self.module(x, positions))  # (B, 1, D) each
+            return cos.unsqueeze(1), sin.unsqueeze(1)
+        rows = self._table(x, width).index_select(0, positions.view(-1))  # (B, 2, D)
+        cos, sin = rows[:, :, None, None].unbind(1)
+        return cos, sin
+
+    def _table(self, x: torch.Tensor, width: int) -> torch.Tensor:
+        """The table in x's dtype and device with at least `width` positions: made again,
+        twice as long, when a position passes its end."""
+        table = self.table
+        if table is None or table.dtype != x.dtype or table.device != x.device:
+            length = width
+        elif len(table) < width:
+            length = max(width, 2 * len(table))
+        else:
+            return table
+        positions = torch.arange(length, device=x.device)[None]  # (1, T)
+        cos, sin = _signed(*self.module(x, positions))  # (1, T, D) each
+        self.table = torch.stack([cos[0], sin[0]], dim=1)
+        return self.table
 
 
 def decode_step(model: PreTrainedModel) -> DecodeStep:
@@ -145,15 +193,30 @@ def _add_linear(x: torch.Tensor, h: torch.Tensor, layer: nn.Linear) -> torch.Ten
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """LlamaRMSNorm: normalised in float32, cast back before the weight."""
+    """LlamaRMSNorm: normalised in float32, cast back before the weight. (Its temporaries
+    are changed in place: the same numbers with fewer allocations.)"""
     if x.dtype == torch.float32:  # no casts to dispatch
-        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+        return weight * (x * x.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_())
     x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    x32.mul_(x32.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_())
     return weight * x32.to(x.dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of heads (B, N, D) at one position per row; cos, sin (B, 1, D)."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+    """Rotary embedding of heads (B, Hk, N, D) at one position per row; cos and sin
+    (B, 1, 1, D), sin with its first half negated: rotate_half(x) * sin is x rolled by D/2
+    times that."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
+
+
+def _signed(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, and sin with the first half of its last dimension negated, as `_rotate` takes."""
+    half = sin.shape[-1] // 2
+    return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+
+
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, L) mask of kept columns -> (B, 1, 1, L): 0 where kept, -inf where not, as
+    attention makes of a boolean mask."""
+    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return bias.masked_fill_(mask == 0, float("-inf"))[:, None, None, :]

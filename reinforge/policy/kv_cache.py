@@ -28,14 +28,29 @@ class RoomyLayer(DynamicLayer):
         super().__init__(*args, **kwargs)
         self._key_room: torch.Tensor | None = None
         self._value_room: torch.Tensor | None = None
+        self._written: tuple[torch.Tensor, torch.Tensor] | None = None
+        """The `keys` and `values` the last update returned: while they are still the
+        layer's, they are the rooms' first columns and the next update needs no checks."""
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        written, added = self._written, key_states.shape[-2]
+        if written is not None and written[0] is self.keys and written[1] is self.values:
+            assert self._key_room is not None and self._value_room is not None
+            length, room = self.keys.shape[-2], self._key_room
+            if length + added <= room.shape[-2] and key_states.dtype == room.dtype:
+                self._key_room.narrow(-2, length, added).copy_(key_states)
+                self._value_room.narrow(-2, length, added).copy_(value_states)
+                self.keys = self._key_room.narrow(-2, 0, length + added)
+                self.values = self._value_room.narrow(-2, 0, length + added)
+                self._written = self.keys, self.values
+                return self.keys, self.values
         self.keys, self._key_room = _append(self.keys, self._key_room, key_states)
         self.values, self._value_room = _append(self.values, self._value_room, value_states)
+        self._written = self.keys, self.values
         return self.keys, self.values
 
 
