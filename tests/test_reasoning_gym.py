@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tomllib
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +12,7 @@ from reinforge.envs.ecosystem.reasoning_gym_env import load_environment as load_
 from reinforge.envs.registry import load_environment
 from reinforge.errors import UsageError
 
-from .commands import ROOT, reinforge
+from .commands import reinforge
 from .conftest import require_extra
 from .envs.scripted import ScriptedClient
 
@@ -26,23 +24,7 @@ def _reasoning_gym() -> None:
     require_extra("reasoning_gym", "ecosystem")
 
 
-@pytest.fixture
-def sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """pyproject.toml's `reinforge.env_sources` table as installed metadata, here and in
-    the commands this test starts: the installed reinforge's metadata is only as new as its
-    last `pip install`, and the test must see the line pyproject holds now."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    table = project["entry-points"]["reinforge.env_sources"]
-    info = tmp_path / "site" / "reinforge_env_sources-0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: reinforge-env-sources\n")
-    lines = [f"{name} = {target}" for name, target in table.items()]
-    (info / "entry_points.txt").write_text("[reinforge.env_sources]\n" + "\n".join(lines))
-    monkeypatch.syspath_prepend(str(info.parent))
-    monkeypatch.setenv("PYTHONPATH", str(info.parent))
-
-
-def test_a_dataset_resolves_through_the_registry_by_its_source(sources):
+def test_a_dataset_resolves_through_the_registry_by_its_source():
     env = load_environment("reasoning_gym:leg_counting", max_animals=3)
     assert env.name == "reasoning_gym:leg_counting"
     assert env.tasks(4, seed=1) == load_dataset("leg_counting", max_animals=3).tasks(4, seed=1)
@@ -107,12 +89,12 @@ async def test_partial_credit_is_the_scorers_own_float():
         ({"max_turns": 2}, "config env.args.max_turns: moved to env.max_turns"),
     ],
 )
-def test_bad_args_are_one_line_naming_the_key(sources, args, message):
+def test_bad_args_are_one_line_naming_the_key(args, message):
     with pytest.raises(UsageError, match="^" + message):
         load_environment("reasoning_gym:leg_counting", **args)
 
 
-def test_an_unknown_dataset_lists_close_names_and_how_to_see_all(sources):
+def test_an_unknown_dataset_lists_close_names_and_how_to_see_all():
     with pytest.raises(UsageError) as error:
         load_environment("reasoning_gym:leg_count")
     assert "unknown reasoning-gym dataset 'leg_count'; close: leg_counting" in str(error.value)
@@ -130,7 +112,7 @@ def test_without_reasoning_gym_the_loader_says_what_to_install(monkeypatch):
     ("dataset", "args"),
     [("leg_counting", {"max_animals": 3}), ("basic_arithmetic", {}), ("spell_backward", {})],
 )
-def test_eval_runs_a_dataset(sources, tmp_path, dataset, args):
+def test_eval_runs_a_dataset(tmp_path, dataset, args):
     out = tmp_path / "eval"
     flags = [flag for key, value in args.items() for flag in ("--env-arg", f"{key}={value}")]
     result = reinforge(
@@ -161,7 +143,7 @@ def test_eval_runs_a_dataset(sources, tmp_path, dataset, args):
         assert set(row["rewards"]) == {"score_answer"}
 
 
-def test_eval_refuses_a_misspelt_arg_in_one_line(sources):
+def test_eval_refuses_a_misspelt_arg_in_one_line():
     result = reinforge(
         "eval", "reasoning_gym:leg_counting", "--env-arg", "max_animal=3", "--model", "tiny-random"
     )
@@ -170,7 +152,7 @@ def test_eval_refuses_a_misspelt_arg_in_one_line(sources):
     assert "Traceback" not in result.stderr
 
 
-def test_train_runs_a_dataset(sources, tmp_path):
+def test_train_runs_a_dataset(tmp_path):
     result = reinforge(
         "train",
         "env.name=reasoning_gym:leg_counting",

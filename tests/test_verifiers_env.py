@@ -12,16 +12,9 @@ train` run each kind of environment.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import tomllib
-from importlib.metadata import EntryPoint
-from pathlib import Path
 
 import pytest
 
-from reinforge.envs import registry
 from reinforge.envs.registry import load_environment
 from reinforge.errors import ConfigError, UsageError
 from reinforge.policy.client import EpisodeMisuse, PolicyClient
@@ -31,7 +24,7 @@ from reinforge.rollout.config import RolloutConfig
 from reinforge.rollout.generator import generate_groups
 from reinforge.types import Status, Trajectory, masked_spans
 
-from .commands import ROOT
+from .commands import ROOT, reinforge
 from .conftest import require_extra
 from .envs.scripted import ScriptedClient
 
@@ -42,25 +35,8 @@ TOOL = str(DATA / "vf_tool_env.py")
 
 
 @pytest.fixture(autouse=True)
-def verifiers_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+def verifiers_installed() -> None:
     require_extra("verifiers", "ecosystem")
-    if _declared_source() not in registry.entry_points(group=registry.SOURCES):
-        # an install of an older checkout: its metadata predates the entry point
-        monkeypatch.setattr(registry, "entry_points", _with_declared_source)
-
-
-def _declared_source() -> EntryPoint:
-    """The `verifiers` source as pyproject.toml declares it."""
-    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
-    value = table[registry.SOURCES]["verifiers"]
-    return EntryPoint(name="verifiers", value=value, group=registry.SOURCES)
-
-
-def _with_declared_source(group: str) -> list[EntryPoint]:
-    from importlib.metadata import entry_points
-
-    found = list(entry_points(group=group))
-    return [*found, _declared_source()] if group == registry.SOURCES else found
 
 
 def _verifiers(path: str, **args: object):
@@ -243,42 +219,10 @@ async def test_the_turn_limit_ends_the_episode_truncated_and_scored(tiny_engine)
     assert trajectory.rewards["guesses"] == pytest.approx(2 / 3)
 
 
-def _run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    """`python -m reinforge ARGS`, finding the `verifiers` source as an install of this
-    checkout would."""
-    env = dict(os.environ)
-    shim = _source_shim(cwd)
-    if shim is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(shim), env.get("PYTHONPATH")]))
-    return subprocess.run(
-        [sys.executable, "-m", "reinforge", *args],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-        env=env,
-    )
-
-
-def _source_shim(folder: Path) -> Path | None:
-    """Where the installed metadata lacks the entry point: a distribution declaring
-    pyproject.toml's line, for the subprocess's import path; else None."""
-    from importlib.metadata import entry_points
-
-    if _declared_source() in entry_points(group=registry.SOURCES):
-        return None
-    info = folder / "shim" / "reinforge_sources-0.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: reinforge-sources\nVersion: 0\n")
-    source = _declared_source()
-    (info / "entry_points.txt").write_text(f"[{source.group}]\n{source.name} = {source.value}\n")
-    return info.parent
-
-
 @pytest.mark.parametrize("path", [SINGLE, MULTI_TURN, TOOL], ids=["single", "multi", "tool"])
 def test_reinforge_eval_runs_it(path, tmp_path):
     out = tmp_path / "eval"
-    result = _run(
+    result = reinforge(
         "eval",
         f"verifiers:{path}",
         "--model",
@@ -291,7 +235,6 @@ def test_reinforge_eval_runs_it(path, tmp_path):
         "8",
         "--out",
         str(out),
-        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
@@ -307,7 +250,7 @@ def test_reinforge_eval_runs_it(path, tmp_path):
 
 @pytest.mark.parametrize("path", [SINGLE, MULTI_TURN, TOOL], ids=["single", "multi", "tool"])
 def test_reinforge_train_takes_steps_on_it(path, tmp_path):
-    result = _run(
+    result = reinforge(
         "train",
         "model.name=tiny-random",
         f"env.name=verifiers:{path}",
@@ -317,7 +260,6 @@ def test_reinforge_train_takes_steps_on_it(path, tmp_path):
         "run.name=r",
         "rollout.tasks_per_step=2",
         "rollout.rollouts_per_task=2",
-        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (row,) = [
