@@ -24,6 +24,10 @@ replaced for Llama-shaped models, and beside candidates that exist only here.
      checkout of reinforge (its `policy/decode.py` and `policy/kv_cache.py`, e.g. a git
      worktree of the commit before a change), loaded beside this one's, so before and
      after run in the same rounds;
+   - `engine N rows` (and `engine before N rows`), with `--rows N`: the engine's step on N
+     rows at once, as a batch of concurrent requests runs it: row r holds the prompt less
+     its first 2 * (r % 8) tokens, left-padded, and every row is fed the same tokens (the
+     logits compared are row 0's, the whole prompt's);
    - `hf no_grad`: the same under `torch.no_grad` (prefill included);
    - `hf mask None`: `attention_mask=None`, as a batch without padding allows;
    - `hand`: a hand-written Llama decode step in plain torch over the same weights, with
@@ -81,6 +85,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 from transformers import PreTrainedModel
 
+from reinforge.policy.batch import layout
 from reinforge.policy.decode import llama_decoder
 from reinforge.policy.kv_cache import cache_keyword, roomy_cache
 from reinforge.policy.models import load_model
@@ -364,16 +369,54 @@ def engine_variant(
     model: PreTrainedModel, ids: torch.Tensor, baseline: Baseline | None = None
 ) -> Variant:
     """The engine's step, or with `baseline` that checkout's step on its own cache."""
-    if baseline is None:
-        decoder, make_cache = llama_decoder(model), roomy_cache
-    else:
-        decoder, make_cache = baseline.decode.llama_decoder(model), baseline.kv_cache.roomy_cache
-    assert decoder is not None, "the default model is a plain Llama"
+    decoder, make_cache = engine_parts(model, baseline)
     return timed(
         torch.inference_mode,
         lambda: hf_prefill(model, ids, make_cache)[0],
         lambda state, token, _: engine_step(decoder, state, token),
     )
+
+
+def rows_variant(
+    model: PreTrainedModel, ids: torch.Tensor, rows: int, baseline: Baseline | None = None
+) -> Variant:
+    """The engine's step (or `baseline`'s) on `rows` rows of a left-padded batch, prefilled
+    as `Engine._forward_new` does it; each step's logits are row 0's (1, V)."""
+    decoder, make_cache = engine_parts(model, baseline)
+    prompts = [ids[0, 2 * (row % 8) :].tolist() for row in range(rows)]
+
+    def start() -> HFState:
+        tokens, mask = layout(prompts, [0] * rows, 0, torch.device("cpu"))  # (R, P) each
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        cache = make_cache()
+        model(
+            input_ids=tokens,
+            attention_mask=mask,
+            position_ids=positions,
+            **{cache_keyword(model): cache},
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return HFState(cache, mask)
+
+    def step(state: HFState, token: int, _: int) -> torch.Tensor:
+        state.mask = torch.cat([state.mask, torch.ones((rows, 1), dtype=torch.long)], dim=1)
+        positions = state.mask.sum(dim=1, keepdim=True) - 1  # (R, 1)
+        return decoder(torch.full((rows,), token), state.mask, positions, state.cache)[:1]
+
+    return timed(torch.inference_mode, start, step)
+
+
+def engine_parts(
+    model: PreTrainedModel, baseline: Baseline | None
+) -> tuple[Callable[..., torch.Tensor], Callable[[], Any]]:
+    """The engine's decode step and cache maker: this checkout's, or `baseline`'s."""
+    if baseline is None:
+        decoder, make_cache = llama_decoder(model), roomy_cache
+    else:
+        decoder, make_cache = baseline.decode.llama_decoder(model), baseline.kv_cache.roomy_cache
+    assert decoder is not None, "the default model is a plain Llama"
+    return decoder, make_cache
 
 
 @dataclass
@@ -561,19 +604,19 @@ def warm_compile_s(dtype: str, mode: str, tokens: int, threads: int) -> float | 
 def compare_before(
     seconds: dict[str, dict[str, list[float]]], logits: dict[str, dict[str, list[torch.Tensor]]]
 ) -> dict[str, dict[str, Any]]:
-    """`engine` against `engine before` per dtype (and at 1 thread): the ratio of their
-    medians, each round's ratio (the two ran in the same round) and the largest logit
-    difference between them in the last round."""
+    """Each `engine before ...` variant against its `engine ...` one, per dtype: the ratio
+    of their medians, each round's ratio (the two ran in the same round) and the largest
+    logit difference between them in the last round."""
     compared = {}
     for dtype, per_variant in seconds.items():
-        for suffix in ("", " 1 thread"):
-            after_name, before_name = f"engine{suffix}", f"engine before{suffix}"
-            if after_name not in per_variant or before_name not in per_variant:
+        for before_name, before in per_variant.items():
+            after_name = before_name.replace("engine before", "engine", 1)
+            if not before_name.startswith("engine before") or after_name not in per_variant:
                 continue
-            after, before = per_variant[after_name], per_variant[before_name]
+            after = per_variant[after_name]
             ratios = [a / b for a, b in zip(after, before, strict=True)]
             pairs = zip(logits[dtype][after_name], logits[dtype][before_name], strict=True)
-            compared[f"{dtype}{suffix}"] = {
+            compared[f"{dtype} {after_name}"] = {
                 "ratio_of_medians": statistics.median(after) / statistics.median(before),
                 "round_ratios": ratios,
                 "median_round_ratio": statistics.median(ratios),
@@ -608,6 +651,7 @@ def main() -> None:
     parser.add_argument(
         "--clock", choices=list(CLOCKS), default="wall", help="cpu: the thread's CPU time"
     )
+    parser.add_argument("--rows", type=int, help="also the engine's step on this many rows")
     parser.add_argument("--compile-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     global clock
@@ -654,7 +698,16 @@ def main() -> None:
         variants[dtype] = {
             "hf": hf_variant(model, ids, torch.inference_mode),
             "engine": engine_variant(model, ids),
-            **({"engine before": engine_variant(model, ids, baseline)} if baseline else {}),
+        }
+        if baseline is not None:
+            variants[dtype]["engine before"] = engine_variant(model, ids, baseline)
+        if args.rows:
+            variants[dtype][f"engine {args.rows} rows"] = rows_variant(model, ids, args.rows)
+            if baseline is not None:
+                variants[dtype][f"engine before {args.rows} rows"] = rows_variant(
+                    model, ids, args.rows, baseline
+                )
+        variants[dtype] |= {
             "hf no_grad": hf_variant(model, ids, torch.no_grad),
             "hf mask None": hf_variant(model, ids, torch.inference_mode, with_mask=False),
             "hand": hand_variant(model, ids, hand),
@@ -787,12 +840,12 @@ def main() -> None:
         f"read bandwidth, best of the run: {bandwidth / 1e9:.1f} GB/s; floor "
         + ", ".join(f"{d} {ms:.1f} ms" for d, ms in floor_ms.items())
     )
-    header = f"{'variant':20s}" + "".join(
+    header = f"{'variant':24s}" + "".join(
         f"{dtype + ' ms':>15s}{'vs hf':>7s}{'x floor':>8s}{'max diff':>10s}" for dtype in variants
     )
     print(header)
     for name, per_dtype in table.items():
-        line = f"{name:20s}"
+        line = f"{name:24s}"
         for dtype in variants:
             cell = per_dtype[dtype]
             diff = cell["max_abs_logit_diff"]
@@ -816,7 +869,7 @@ def main() -> None:
     before_after = compare_before(seconds, last_logits) if baseline else {}
     for key, cell in before_after.items():
         print(
-            f"{key}: engine / engine before {cell['ratio_of_medians']:.3f}x (per-round ratios"
+            f"{key} / before: {cell['ratio_of_medians']:.3f}x (per-round ratios"
             f" {', '.join(f'{r:.3f}' for r in cell['round_ratios'])}; median"
             f" {cell['median_round_ratio']:.3f}x); max abs logit difference"
             f" {cell['max_abs_logit_diff']:.1e}"
