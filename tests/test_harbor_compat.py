@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from reinforge.envs.builtin.coding import TASKS
-from reinforge.envs.harbor.task import EnvironmentSection, load_task
+from reinforge.envs.harbor.task import load_task
+from reinforge.envs.harbor.task_config import EnvironmentSection
 from reinforge.errors import UsageError
 
 HARBOR_PARSE = Path(__file__).parent / "data" / "harbor_parse.py"
