@@ -412,6 +412,8 @@ def train_check(trainer: PolicyTrainer, batch: TrainBatch, steps: int) -> dict[s
     """`steps` trainer steps on `batch`: finite losses, the last below the first, and
     weights that moved."""
     before = weights_digest(trainer)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     losses, times = [], []
     for _ in range(steps):
         started = time.perf_counter()

@@ -29,19 +29,22 @@ if [ ! -f "$bundle/requirements.txt" ]; then
   exit 2
 fi
 
-# A venv that sees the machine's packages (a .pth naming its site-packages) and holds,
-# besides, what the bundle adds: pip installs only what the machine lacks.
+# A venv that sees the machine's packages (its site directories, added by a .pth with their
+# own .pth files) and holds, besides, what the bundle adds: pip installs only what the
+# machine lacks, with pip run from its wheel.
 venv=$(mktemp -d /tmp/gpu-check-venv.XXXXXX)
 trap 'rm -rf "$venv"' EXIT
 "$python" -m venv --without-pip "$venv"
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-"$python" -c 'import sysconfig; print(*sorted(set(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))), sep="\n")' \
-  > "$site/machine.pth"
+"$python" -c 'import sys
+for path in sys.path:
+    if path.endswith(("site-packages", "dist-packages")):
+        print(f"import site; site.addsitedir({path!r})")' > "$site/machine.pth"
 PIP_CONFIG_FILE=/dev/null "$venv/bin/python" "$(echo "$bundle"/pip/pip-*.whl)/pip" install --quiet \
   --no-index --find-links "$bundle/wheels" --report "$venv/installed.json" \
   -r "$bundle/requirements.txt"
 
-export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 status=0
 timeout 470 "$venv/bin/python" benchmarks/gpu_check.py --random-weights "$bundle/smollm2-135m" \
   --installed "$venv/installed.json" "${options[@]}" || status=$?
