@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +20,8 @@ from transformers import AutoModelForCausalLM
 
 from .commands import ROOT, tiny_train
 from .conftest import require_extra
-from .twohosts import TwoHosts, created, two_hosts
+from .test_several_engines import RELEASE_ENV, holding
+from .twohosts import Host, TwoHosts, created, two_hosts
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +105,9 @@ def test_engines_on_host_b_sample_the_trainers_weights_through_the_object_store(
         log = (run / "engines" / f"engine-{engine}.log").read_text()
         assert "Uvicorn running on http://127.0.0.2:" in log, log[-2000:]
         assert sum(row["engines"][engine]["requests"] for row in rows) > 0
+        # written in host B's temp folder, and copied to the run's directory on host A
+        (written,) = _engine_logs(hosts.b, engine, run)
+        assert written.read_text() == log
 
     # step 3 sampled with the weights of step 2, which the trainer checkpointed
     model = AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_00002")
@@ -115,3 +122,128 @@ def test_engines_on_host_b_sample_the_trainers_weights_through_the_object_store(
     if hosts.isolated:  # host A wrote no weight file, and host B's memory is not host A's
         assert not [name for name in on_a if name.startswith("reinforge-weights-")]
         assert os.stat(hosts.a.shm).st_dev != os.stat(hosts.b.shm).st_dev
+
+
+def _engine_logs(host: Host, index: int, run: Path) -> list[Path]:
+    """The logs that `host` keeps of engine `index` of the run writing `run`."""
+    port = _port(run / "engines" / f"engine-{index}.log")
+    listening = f"Uvicorn running on http://{host.ip}:{port} "
+    logs = host.tmp.glob(f"reinforge-engine-*/engine-{index}.log")
+    return [log for log in logs if listening in log.read_text()]
+
+
+def _port(log: Path) -> int:
+    """The port an engine's log says it listens at, waiting for the log to say it."""
+    while "Uvicorn running on http://" not in (text := log.read_text() if log.exists() else ""):
+        time.sleep(0.2)
+    return int(text.split("Uvicorn running on http://")[1].split()[0].rsplit(":", 1)[1])
+
+
+def _stepped(run: subprocess.Popen[str], folder: Path) -> None:
+    """Until the run writing `folder` has recorded its first step (or ended)."""
+    metrics = folder / "metrics.jsonl"
+    while run.poll() is None and not (metrics.exists() and metrics.read_text()):
+        time.sleep(0.2)
+
+
+def _said_twice(log: Path, line: str, run: subprocess.Popen[str]) -> bool:
+    """Until `log` holds `line` twice; False if the run ends first."""
+    while run.poll() is None:
+        if log.exists() and log.read_text().count(line) >= 2:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.timeout(1800)
+def test_an_engine_killed_on_host_b_comes_back_and_catches_up_from_the_object_store(
+    hosts, tmp_path
+):
+    """SIGKILL of engine 0's process on host B once step 1 is recorded: its actor starts it
+    again at its port, it takes the last push from the object store, and the later steps
+    sync both engines. Its log, kept on host B, reaches the run's directory as it grows:
+    the restart is seen there, while the run goes on. Steps past the second wait for it
+    (`release`)."""
+    release = tmp_path / "release"
+    argv = tiny_train(
+        tmp_path,
+        "run.steps=4",
+        "cluster.backend=ray",
+        f'cluster.address="{hosts.address}"',
+        "engines.kind=spawned",
+        "engines.count=2",
+        "engines.resources.custom={host_b=1}",
+        "engines.weight_sync=object_store",
+        f"env.name={RELEASE_ENV}",
+        f"env.args.release={str(release)!r}",
+    )
+    run = subprocess.Popen(
+        hosts.on_a(argv), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    unsaid = threading.Timer(900, release.touch)  # never restarted: the run ends, the test fails
+    unsaid.start()
+    try:
+        folder = tmp_path / "r"
+        _stepped(run, folder)
+        logs = _engine_logs(hosts.b, 0, folder)  # of this run: the one its engine holds
+        (engine,) = {pid for log in logs for pid in holding(log)} & set(hosts.b.processes())
+        os.kill(engine, signal.SIGKILL)
+        copy = folder / "engines" / "engine-0.log"
+        port = _port(copy)
+        came_back = _said_twice(copy, f"Uvicorn running on http://127.0.0.2:{port} ", run)
+        release.touch()
+        _, stderr = run.communicate(timeout=1200)
+    finally:
+        unsaid.cancel()
+        run.kill()
+    assert run.returncode == 0, stderr[-3000:]
+    assert came_back  # at its port, seen in the copy while the run went on
+    assert "reinforge: engine 0 exited with code -9; restarting it (1 of at most 3" in stderr
+    rows = _rows(folder)
+    assert [row["step"] for row in rows] == [1, 2, 3, 4]
+    assert sum(row["restarts"] for row in rows) == 1
+    assert rows[-1]["sync"]["engines"] == 2  # engine 0 caught up, and takes pushes again
+    assert rows[-1]["engines"][0]["requests"] > 0
+    for step in (3, 4):  # sampled after the restart, on the weights their steps train
+        lines = (folder / "trajectories" / f"step_{step:05d}.jsonl").read_text().splitlines()
+        for rollout in map(json.loads, lines):
+            assert rollout["status"] != "error", rollout["error"]
+            assert set(rollout["policy_versions"]) == {step - 1}
+
+
+@pytest.mark.timeout(1800)
+def test_losing_host_b_ends_the_run_in_one_line(tmp_path):
+    """Every process of host B killed at once once step 1 is recorded: its engines and their
+    actors are gone, and no node can take them again. The run ends with one line and exit
+    code 2, not a hang: the bound is the subprocess's timeout. Its own two hosts: this one
+    loses B. Steps past the second never start (`release` is never made), so the run cannot
+    end by finishing."""
+    require_extra("ray", "ray")
+    with two_hosts() as hosts:
+        argv = tiny_train(
+            tmp_path,
+            "run.steps=4",
+            "cluster.backend=ray",
+            f'cluster.address="{hosts.address}"',
+            "engines.kind=spawned",
+            "engines.count=2",
+            "engines.resources.custom={host_b=1}",
+            "engines.weight_sync=object_store",
+            f"env.name={RELEASE_ENV}",
+            f"env.args.release={str(tmp_path / 'release')!r}",
+        )
+        run = subprocess.Popen(
+            hosts.on_a(argv), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        try:
+            _stepped(run, tmp_path / "r")
+            hosts.b.kill()
+            _, stderr = run.communicate(timeout=900)
+        finally:
+            run.kill()
+    assert run.returncode == 2, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("reinforge train: error: engine "), stderr[-3000:]
+    assert "(is its node up?)" in last, stderr[-3000:]

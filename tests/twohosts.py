@@ -3,7 +3,8 @@ run's processes on a host that is not the driver's and see what crosses between 
 
 Host A is the head node, started at 127.0.0.1 (which Ray replaces by this machine's own
 address) and offering the custom resource `host_a`; host B joins it at 127.0.0.2 offering
-`host_b`. Each node has its own temp dir and ports. Where the
+`host_b`. Each node has its own Ray temp dir, ports and temp folder (`TMPDIR` of every
+process it starts). Where the
 machine allows it (root, and `unshare -m` works), each node also runs in a mount namespace
 of its own with a fresh tmpfs on /dev/shm: a file one host writes in its /dev/shm is not
 there for the other, as on two machines, and a weight file handed over by its path
@@ -51,6 +52,25 @@ class Host:
     def shm(self) -> Path:
         """The host's /dev/shm, as its own processes see it."""
         return Path(f"/proc/{self.process.pid}/root/dev/shm")
+
+    @property
+    def tmp(self) -> Path:
+        """The host's temp folder (`TMPDIR` of its processes): what a process writes there
+        stays on the host."""
+        return self.temp / "tmp"
+
+    def processes(self) -> list[int]:
+        """Every live process of the host: its Ray node's, and what they started."""
+        return _session(self.process.pid)
+
+    def kill(self) -> None:
+        """SIGKILL to every process of the host, at once: the machine lost, as by a power
+        cut. Nothing of it says goodbye to the cluster."""
+        for pid in self.processes():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 @dataclass
@@ -101,7 +121,7 @@ def two_hosts() -> Iterator[TwoHosts]:
 
 
 def _start(ip: str, resource: str, role: list[str], temp: Path, isolated: bool) -> Host:
-    temp.mkdir(parents=True)
+    (temp / "tmp").mkdir(parents=True)
     (agent_port,) = free_ports(1)
     argv = [*RAY, "start", "--block", *role, f"--node-ip-address={ip}",
             f"--resources={{\"{resource}\": 100}}", "--num-cpus=4",
@@ -112,7 +132,7 @@ def _start(ip: str, resource: str, role: list[str], temp: Path, isolated: bool) 
         argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", mount, "sh", *argv]
     log = temp / "node.log"
     # a cluster of tests: Ray would otherwise ask for the token of ~/.ray where one exists
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TMPDIR": str(temp / "tmp")}
     with log.open("wb") as out:
         process = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,

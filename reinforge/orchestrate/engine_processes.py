@@ -160,10 +160,11 @@ def engine_settings(config: Config, token: str) -> ServeConfig:
     return ServeConfig(model=config.model, engine=config.engine, server=server)
 
 
-def exited_early(index: int, code: int | None, log: Path) -> str:
+def exited_early(index: int, code: int | None, log: Path, copy: Path | None = None) -> str:
+    """Names `copy`, the log's copy on the run's node, for an engine that logs elsewhere."""
     return (
         f"engine {index} (reinforge serve) exited with code {code} before it answered: "
-        f"{_last_line(log)} (log: {log})"
+        f"{_last_line(log)} (log: {copy or log})"
     )
 
 

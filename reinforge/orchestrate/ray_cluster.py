@@ -8,7 +8,8 @@ kind (packed: a rank's collectives and an engine's weight loads stay on few node
 - **Engines.** Each actor starts `reinforge serve` listening on its node's address, which
   the run reaches it at, and supervises nothing itself: the run's `Supervisor` sees it
   through `returncode` and `restart`, as it sees local processes. An engine keeps its URL
-  across restarts.
+  across restarts. It logs on its own node, and the run copies the log to its directory
+  (`orchestrate/ray_logs.py`).
 - **Whose node.** `POST /v1/weights` takes weights from the engine's own machine only: by
   the default transport (`file`) the engines load a file of the run's node, so they must
   run there; with `object_store` each actor posts to its engine from its own node, so
@@ -51,6 +52,7 @@ from reinforge.orchestrate.engine_processes import (
     silent,
     spawn,
 )
+from reinforge.orchestrate.ray_logs import LogCopies
 from reinforge.orchestrate.ray_weights import ObjectStorePush
 from reinforge.orchestrate.weight_sync import (
     EngineGone,
@@ -270,11 +272,17 @@ class RayRanks:
 
 class EngineActor:
     """One engine in a Ray actor: `reinforge serve` listening on the address of the
-    actor's node, at a port that stays its own across restarts."""
+    actor's node, at a port that stays its own across restarts, logging to the node's own
+    temp folder (`log_since` hands the log out; `orchestrate/ray_logs.py` copies it to the
+    run's node)."""
 
-    def __init__(self, settings: str, log: str, port: int | None = None) -> None:
+    def __init__(self, settings: str, index: int, copy: str, port: int | None = None) -> None:
         self.settings = settings
-        self.log = Path(log)
+        self.index = index
+        self.copy = Path(copy)
+        """The log's copy on the run's node: what error lines name."""
+        self.log = Path(tempfile.mkdtemp(prefix="reinforge-engine-")) / f"engine-{index}.log"
+        self.log.touch()
         self.host = ray.util.get_node_ip_address()
         self.port = port or free_ports(1, self.host)[0]
         self.url = base_url(self.host, self.port)
@@ -283,24 +291,31 @@ class EngineActor:
     def node(self) -> str:
         return _node()
 
-    def start(self, index: int) -> str:
+    def start(self) -> str:
         """The engine, answering; its /v1 URL."""
         self.stop()
-        self.log.parent.mkdir(parents=True, exist_ok=True)  # the run's path, on any node
         folder = Path(tempfile.mkdtemp(prefix="reinforge-engines-"))
         try:  # the settings hold the token: private, and gone once the engine has read them
             (folder / "serve.toml").write_text(self.settings)
             self.process = spawn(folder / "serve.toml", self.port, self.log, self.host)
             deadline = time.monotonic() + START_S
             while not _answers(self.url):
-                if self.process.poll() is not None:
-                    raise UsageError(exited_early(index, self.process.returncode, self.log))
+                code = self.process.poll()
+                if code is not None:
+                    raise UsageError(exited_early(self.index, code, self.log, self.copy))
                 if time.monotonic() > deadline:
-                    raise UsageError(silent(index, self.log))
+                    raise UsageError(silent(self.index, self.copy))
                 time.sleep(0.25)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         return self.url
+
+    def log_since(self, offset: int, most: int) -> bytes:
+        """At most `most` bytes of the engine's log from byte `offset` on. Asked in a
+        concurrency group of its own, so that the log comes while the engine starts."""
+        with self.log.open("rb") as log:
+            log.seek(offset)
+            return log.read(most)
 
     def returncode(self) -> int | None:
         return None if self.process is None else self.process.poll()
@@ -357,6 +372,7 @@ class RayEngines:
         """Each engine's port once it has one: a restarted actor takes it again."""
         self._transport = spawned.weight_sync
         self._dtype = getattr(torch, config.engine.dtype)
+        self._copies = LogCopies([self.log(i) for i in range(spawned.count)], self._now)
 
     @classmethod
     async def start(
@@ -368,6 +384,7 @@ class RayEngines:
         try:
             for index in range(spawned.count):
                 engines._actors.append(engines._actor(index))
+            engines._copies.follow()
             engines.urls = await asyncio.to_thread(engines._started, range(spawned.count))
         except BaseException:
             engines.stop()
@@ -377,8 +394,9 @@ class RayEngines:
 
     def _actor(self, index: int) -> Any:
         """Engine `index`'s actor, in its bundle, on its port once it has one."""
-        actor = ray.remote(EngineActor).options(**self._options[index])
-        handle = actor.remote(self._settings, str(self.log(index)), self._ports[index])
+        actor = ray.remote(concurrency_groups={"log": 1})(EngineActor)
+        actor = actor.options(**self._options[index])
+        handle = actor.remote(self._settings, index, str(self.log(index)), self._ports[index])
         if self._transport == "file":
             self.cluster.require_here(
                 _ask(handle.node, f"engine {index}"),
@@ -387,8 +405,12 @@ class RayEngines:
             )
         return handle
 
+    def _now(self) -> list[Any]:
+        """The engines' actors now: a copy, which a restart does not change under a reader."""
+        return list(self._actors)
+
     def _started(self, indices: range | list[int]) -> list[str]:
-        refs = [self._actors[i].start.remote(i) for i in indices]
+        refs = [self._actors[i].start.remote() for i in indices]
         try:
             return ray.get(refs, timeout=START_S + ANSWER_S)
         except RayTaskError as error:
@@ -397,6 +419,11 @@ class RayEngines:
             raise UsageError(
                 f"engines {list(indices)} did not answer within {START_S + ANSWER_S:.0f} s "
                 "of their start (is their node up?)"
+            ) from None
+        except RayActorError:
+            raise UsageError(
+                f"an actor of engines {list(indices)} died while starting its engine "
+                "(is its node up?)"
             ) from None
 
     async def returncode(self, index: int) -> int | None:
@@ -413,6 +440,9 @@ class RayEngines:
         if await self.returncode(index) == -1:
             ray.kill(self._actors[index])
             self._actors[index] = await asyncio.to_thread(self._actor, index)
+            # placed within a bound: a dead node's bundle waits for a node that never comes
+            who = f"engine {index}, restarted by a new actor,"
+            await asyncio.to_thread(_ask, self._actors[index].node, who)
         (url,) = await asyncio.to_thread(self._started, [index])
         if url != self.urls[index]:  # a new actor on another node: routed and synced by URL
             raise UsageError(f"engine {index} came back at {url}, not {self.urls[index]}")
@@ -445,6 +475,7 @@ class RayEngines:
         """Each engine stopped by its actor, then the actors and their placement."""
         refs = [actor.stop.remote() for actor in self._actors]
         ray.wait(refs, num_returns=len(refs), timeout=STOP_S + 5.0)
+        self._copies.close()
         for actor in self._actors:
             ray.kill(actor)
         self._actors = []
@@ -458,13 +489,16 @@ def _node() -> str:
 
 def _ask(method: Any, who: str) -> Any:
     """An actor's answer to a question that takes no time, or one line: an actor on a
-    node that died or hangs would keep `ray.get` waiting for ever."""
+    node that died or hangs would keep `ray.get` waiting for ever (or, its node found dead,
+    raise Ray's many lines)."""
     try:
         return ray.get(method.remote(), timeout=ANSWER_S)
     except GetTimeoutError:
         raise UsageError(
             f"{who} did not answer within {ANSWER_S:.0f} s (is its node up?)"
         ) from None
+    except RayActorError:
+        raise UsageError(f"{who} died before it answered (is its node up?)") from None
 
 
 def _release(owner: RayRanks | RayEngines) -> None:
