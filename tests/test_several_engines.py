@@ -217,7 +217,7 @@ def test_each_engine_serves_the_runs_settings(tmp_path):
     overrides = ["model.name=tiny-random", "engine.dtype=bfloat16", "engine.vllm.compile=true",
                  "rollout.sampling.temperature=0.7", *TWO]  # fmt: skip
     config = load_config(Config, None, overrides)
-    wanted = EngineProcesses([1, 2], tmp_path, config).serve
+    wanted = EngineProcesses([1, 2], tmp_path, config, SpawnedEngines()).serve
     assert ServeConfig.model_validate(tomllib.loads(settings_toml(wanted))) == wanted
     assert wanted.engine == config.engine and wanted.server.sampling.temperature == 0.7
 

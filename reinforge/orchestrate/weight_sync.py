@@ -37,10 +37,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
+import torch
+from safetensors.torch import load_file
 
 from reinforge.errors import UsageError
 from reinforge.policy.backends import SamplingEngine
 from reinforge.policy.engine import Engine
+from reinforge.policy.weight_buckets import Bucket, pack
 from reinforge.train.trainable import full_weights
 from reinforge.train.trainer import PolicyTrainer, Trainer
 
@@ -290,3 +293,15 @@ def post_to_engine(
         message = response.json().get("error", {}).get("message", response.text)
         raise UsageError(f"the engine at {url} refused to {what}: {message}")
     return response.json()
+
+
+def packed_weights(trainer: PolicyTrainer, dtype: torch.dtype) -> list[Bucket]:
+    """The trainer's complete weights (LoRA merged) in buckets, cast to `dtype`. A sharded
+    trainer's come through the file its rank 0 writes on the run's node."""
+    if isinstance(trainer, Trainer):
+        with full_weights(trainer.model) as weights:
+            return pack(weights, dtype)
+    with tempfile.TemporaryDirectory(prefix="reinforge-weights-") as folder:
+        path = Path(folder) / "weights.safetensors"
+        trainer.write_weights(path)
+        return pack(load_file(path), dtype)
