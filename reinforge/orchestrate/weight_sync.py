@@ -1,7 +1,7 @@
 """How a trainer's new weights reach the engines that sample: one way, after the step.
 
 The loop trains, then pushes: `synced = sync.push(trainer, version)`. Neither side calls
-the other back. Three transports, by where the engine holds its weights:
+the other back. Its transports, by where the engine holds its weights:
 
 | transport       | engine                                   | what a push moves           |
 |-----------------|------------------------------------------|-----------------------------|
@@ -14,6 +14,9 @@ the other back. Three transports, by where the engine holds its weights:
 | `ObjectStore-   | `reinforge serve` in Ray actors          | buckets in Ray's object     |
 | Push` (Ray,     | (`orchestrate/ray_cluster.py`)           | store, one copy per node    |
 | `ray_weights`)  |                                          |                             |
+| `Broadcast-     | `reinforge serve` processes of this      | buckets broadcast over a    |
+| Push` (`broad-  | machine, in a gloo group with the run's  | group of its own, copied in |
+| cast_weights`)  | process                                  | as the next one lands       |
 
 Shared tensors need one thing more: no decode step may read them while the optimizer
 writes them. The loop trains inside `sync.training(trainer)`, where `SharedWeights` holds
