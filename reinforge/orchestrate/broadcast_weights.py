@@ -22,8 +22,11 @@ control over localhost, as Ray's engine actors do for the object store.
 from __future__ import annotations
 
 import shutil
+import socket
 import time
+from concurrent.futures import Future
 from datetime import timedelta
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -31,6 +34,7 @@ from safetensors.torch import save_file
 
 from reinforge.errors import UsageError
 from reinforge.orchestrate.weight_sync import (
+    EngineGone,
     EngineLinks,
     check_versions,
     packed_weights,
@@ -41,6 +45,7 @@ from reinforge.policy.weight_buckets import Bucket, manifest, total_bytes, unpac
 from reinforge.policy.weight_group import new_group
 from reinforge.train.trainer import PolicyTrainer
 
+T = TypeVar("T")
 HOST = "127.0.0.1"
 """Where the store listens and the group connects: the run's machine."""
 
@@ -55,8 +60,17 @@ class BroadcastPush(EngineLinks):
         super().__init__(urls, token, supervised=True)
         self._dtype = dtype
         self._timeout_s = timeout_s
+        self._listener = socket.create_server((HOST, 0))
+        """The store's socket, on loopback alone: no other machine may join the group and
+        send the engines weights, as none may post them (`/v1/weights`)."""
         self._store = dist.TCPStore(
-            HOST, 0, None, True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+            HOST,
+            self._listener.getsockname()[1],
+            None,
+            True,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+            master_listen_fd=self._listener.fileno(),
         )
         self._group: dist.ProcessGroupGloo | None = None
         self._name = ""
@@ -83,7 +97,10 @@ class BroadcastPush(EngineLinks):
                 self._group.broadcast([data], dist.BroadcastOptions()).wait()
         except RuntimeError:  # an engine died or went silent: the others' receives end now
             self._disband()
-        served = [answer.result() for answer in answers]
+        served = [self._within(answer) for answer in answers]
+        for index, answer in zip(members, served, strict=True):
+            if answer is None:
+                self._joined[index] = False  # its supervisor restarts it, or gives it the push
         took = [v for v in served if v is not None]
         if len(took) < len(members):
             self._disband()  # formed again, from the engines up, at the next push
@@ -91,55 +108,63 @@ class BroadcastPush(EngineLinks):
         return total_bytes(self._last) * len(took), len(took), pack_s
 
     def _take(self, index: int, body: dict[str, object]) -> int | None:
-        """Engine `index`'s version once it has taken the broadcast; None: it could not,
-        and leaves the pushes (its supervisor restarts it or gives it the last push)."""
+        """Engine `index`'s version once it has taken the broadcast; None: it could not."""
+        route, what = "/weights/broadcast", "take the weights"
         try:
-            answer = post_to_engine(
-                self._http[index], "/weights/broadcast", body, "take the weights"
-            )
+            answer = post_to_engine(self._http[index], route, body, what)
         except UsageError:  # gone, or its group failed
-            self._joined[index] = False
             return None
         return answer["policy_version"]
 
+    def _within(self, answer: Future[T]) -> T | None:
+        """`answer`, or None from an engine still silent the group's timeout after the
+        broadcast ended: it hangs, and its supervisor finds it so."""
+        try:
+            return answer.result(timeout=self._timeout_s)
+        except TimeoutError:
+            return None
+
     def _form(self) -> None:
-        """A new group of this process and the engines up; an engine that cannot join
-        leaves the pushes, and the group forms from the others."""
+        """A new group of this process and the engines up; an engine gone leaves the
+        pushes, and the group forms from the others."""
         self._disband()
         members = self.up()
         while members:
             self._formed += 1
             name = f"weights-{self._formed}"
+            size = len(members) + 1
             joins = [
-                self._pool.submit(self._join, index, name, rank, len(members) + 1)
+                self._pool.submit(self._join, index, name, rank, size)
                 for rank, index in enumerate(members, start=1)
             ]
             try:
-                group = new_group(self._store, name, HOST, 0, len(members) + 1, self._timeout_s)
+                group = new_group(self._store, name, HOST, 0, size, self._timeout_s)
             except RuntimeError:
                 group = None
-            failed = [
-                index for index, join in zip(members, joins, strict=True) if not join.result()
-            ]
-            if group is not None and not failed:
+            gone = [i for i, join in zip(members, joins, strict=True) if not self._within(join)]
+            if group is not None and not gone:
                 self._group, self._name, self._members = group, name, members
                 return
-            if not failed:  # every engine answered, yet the group did not form
+            if not gone:  # every engine answered, yet the group did not form
                 raise UsageError(
                     f"the engines' weights group did not form within {self._timeout_s:g} s "
                     "(engines.broadcast_timeout_s)"
                 )
-            for index in failed:
+            for index in gone:
                 self._joined[index] = False
             members = self.up()
 
     def _join(self, index: int, name: str, rank: int, size: int) -> bool:
+        """Whether engine `index` answered, joined or not (a group fails for any engine's
+        sake); False: it is gone."""
         body = {"host": HOST, "port": self._store.port, "group": name, "rank": rank,
                 "size": size, "timeout_s": self._timeout_s}  # fmt: skip
         try:
             post_to_engine(self._http[index], "/weights/group", body, "join the weights group")
-        except UsageError:
+        except EngineGone:
             return False
+        except UsageError:
+            pass
         return True
 
     def _disband(self) -> None:
@@ -162,3 +187,4 @@ class BroadcastPush(EngineLinks):
     def close(self) -> None:
         self._disband()
         super().close()
+        self._listener.close()
