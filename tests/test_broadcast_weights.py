@@ -149,8 +149,28 @@ async def test_an_engine_killed_mid_broadcast_costs_that_push_its_engine_alone(t
         await engine.aclose()
 
 
-def test_a_run_broadcasts_every_step_to_both_engines(tmp_path):
-    argv = tiny_train(tmp_path, "run.steps=3", *BROADCAST)
+async def test_an_engine_that_hangs_costs_a_push_the_groups_timeout(tmp_path):
+    config, model, trainer, tokenizer = _setup(tmp_path, "engines.broadcast_timeout_s=3")
+    engine = await open_engine(config, trainer, tokenizer, 0)
+    assert isinstance(engine, RemoteEngine) and isinstance(engine.processes, EngineProcesses)
+    hung = engine.processes.processes[1]
+    try:
+        os.kill(hung.pid, signal.SIGSTOP)  # never answers again, never dies
+        _perturb(model, 0)
+        synced = engine.sync.push(trainer, 5)
+        assert synced.engines == 1 and engine.sync.up() == [0]
+        assert_samples_with(engine.sync.urls[0], model, 5)
+        _perturb(model, 1)  # the group forms again without it
+        assert engine.sync.push(trainer, 6).engines == 1
+        assert_samples_with(engine.sync.urls[0], model, 6)
+    finally:
+        hung.kill()
+        await engine.aclose()
+
+
+@pytest.mark.parametrize("mode", ["sync", "partial"])
+def test_a_run_broadcasts_every_step_to_both_engines(tmp_path, mode):
+    argv = tiny_train(tmp_path, "run.steps=3", *BROADCAST, f"loop.mode={mode}")
     process = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert process.returncode == 0, process.stderr
     rows = [
@@ -158,10 +178,13 @@ def test_a_run_broadcasts_every_step_to_both_engines(tmp_path):
     ]
     assert [r["policy_version"] for r in rows] == [1, 2, 3]
     assert all(r["sync"]["engines"] == 2 and r["sync"]["bytes"] > 0 for r in rows)
-    for step in (1, 2, 3):  # sync: every token sampled by the weights the step trains
+    for step in (1, 2, 3):
         lines = (tmp_path / "r" / "trajectories" / f"step_{step:05d}.jsonl").read_text()
-        for rollout in map(json.loads, lines.splitlines()):
-            assert set(rollout["policy_versions"]) == {step - 1}
+        for versions in (json.loads(line)["policy_versions"] for line in lines.splitlines()):
+            if mode == "sync":  # every token sampled by the weights the step trains
+                assert set(versions) == {step - 1}
+            else:  # carried over the push: versions only move on, within the bound
+                assert versions == sorted(versions) and step - 1 - min(versions) <= 1
 
 
 def test_a_broadcast_is_refused_on_ray():
