@@ -298,6 +298,8 @@ def _weights_broadcast(api: Api, route: str) -> None:
     store = dist.TCPStore(HOST, 0, None, True, wait_for_workers=False)
     join = {"host": HOST, "port": store.port, "group": "g", "rank": 1, "size": 2,
             "timeout_s": 30}  # fmt: skip
+    unsigned = httpx.post(f"{api.url}/v1/weights/group", json=join, timeout=30)
+    assert unsigned.status_code == 401  # as /v1/weights: the token, from this machine
     weights = {n: p.detach().clone() for n, p in api.engine.model.named_parameters()}
     buckets = pack(weights, bucket_bytes=2**16)
     body = {"group": "g", "version": 8, "buckets": manifest(buckets)}
