@@ -7,6 +7,9 @@ beside it, one and several.
   there is one) and every engine loads it at once through `POST /v1/weights` (what
   `engines.count = N` spawned engines do after every step; one is what a served engine
   does);
+- with `--broadcast`, each count of engines twice more, over
+  `engines.weight_sync = "broadcast"` (a gloo group of this process and the engines,
+  the weights broadcast in buckets) to fp32 engines and to bf16 ones;
 - with `--ray N`, N engines as actors of a local Ray cluster, three ways: the same file
   push, and `engines.weight_sync = "object_store"` (buckets put in Ray's object store,
   each actor writing them to its own node's memory for its engine) to fp32 engines and to
@@ -15,7 +18,7 @@ beside it, one and several.
 Rounds are interleaved, so that noise from other work hits every kind alike.
 
     python benchmarks/weight_sync.py [--model smollm2-135m] [--rounds 5] [--engines 1 2]
-        [--ray 2] [--json out.json]
+        [--broadcast] [--ray 2] [--json out.json]
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ class Kind:
         }
 
 
+BROADCAST_KINDS = {"broadcast_fp32": "float32", "broadcast_bf16": "bfloat16"}
+
 RAY_KINDS = {
     "file": (SpawnedEngines.model_fields["weight_sync"].default, "float32"),
     "object_store_fp32": ("object_store", "float32"),
@@ -85,6 +90,7 @@ async def measure(
     counts: list[int],
     runs: Path,
     ray_count: int | None,
+    broadcast: bool,
 ) -> dict[str, Kind]:
     sampler, tokenizer = load_model(model_name, "bfloat16")
     trainer = Trainer(trainer_model, TrainerConfig(), OptimConfig(), total_steps=1)
@@ -99,6 +105,12 @@ async def measure(
             spawned = SpawnedEngines(count=count)
             remotes[name] = await RemoteEngine.start(config, trainer, 0, spawned)
             kinds[name] = Kind(engines=count)
+            for kind, dtype in BROADCAST_KINDS.items() if broadcast else ():
+                name = f"serve_x{count}_{kind}"
+                config = run_config(model_name, runs, name, f"engine.dtype={dtype}")
+                spawned = SpawnedEngines(count=count, weight_sync="broadcast")
+                remotes[name] = await RemoteEngine.start(config, trainer, 0, spawned)
+                kinds[name] = Kind(engines=count)
         if ray_count is not None:
             cluster = RayCluster(run_config(model_name, runs, "ray", "cluster.backend=ray"))
             for kind, (transport, dtype) in RAY_KINDS.items():
@@ -135,6 +147,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--engines", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--broadcast", action="store_true", help="also broadcast to them")
     parser.add_argument("--ray", type=int, help="also N engines on a local Ray cluster")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -142,7 +155,15 @@ def main() -> None:
     trainer_model, _ = load_model(args.model, "float32")
     with tempfile.TemporaryDirectory() as runs:  # the engines' logs
         kinds = asyncio.run(
-            measure(args.model, trainer_model, args.rounds, args.engines, Path(runs), args.ray)
+            measure(
+                args.model,
+                trainer_model,
+                args.rounds,
+                args.engines,
+                Path(runs),
+                args.ray,
+                args.broadcast,
+            )
         )
     summary = {name: kind.summary() for name, kind in kinds.items()}
     parameters = sum(p.numel() for p in trainer_model.parameters())

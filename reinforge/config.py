@@ -77,13 +77,19 @@ class Config(Section):
         return self
 
     @model_validator(mode="after")
-    def _object_store_is_rays(self) -> Self:
+    def _transports_fit_the_cluster(self) -> Self:
         engines = self.engines
         if isinstance(engines, SpawnedEngines) and engines.weight_sync == "object_store":
             if self.cluster.backend != "ray":
                 raise ValueError(
                     'engines.weight_sync is "object_store", Ray\'s: it needs '
                     'cluster.backend = "ray"'
+                )
+        if isinstance(engines, SpawnedEngines) and engines.weight_sync == "broadcast":
+            if self.cluster.backend != "local":
+                raise ValueError(
+                    'engines.weight_sync is "broadcast", over the run\'s machine: it needs '
+                    'cluster.backend = "local" (Ray\'s engines take "object_store")'
                 )
         return self
 

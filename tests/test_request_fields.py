@@ -11,20 +11,26 @@ import time
 import types
 import typing
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import torch
+import torch.distributed as dist
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from safetensors.torch import save_file
 
+from reinforge.orchestrate.broadcast_weights import HOST
 from reinforge.policy.config import EngineConfig, ServerConfig
 from reinforge.policy.engine import Engine
 from reinforge.policy.models import load_model
 from reinforge.policy.server import create_app
+from reinforge.policy.weight_buckets import manifest, pack
+from reinforge.policy.weight_group import new_group
 
 from .conftest import http_server
 
@@ -35,6 +41,8 @@ ROUTES = {
     "/v1/completions": "completions",
     "/v1/pause": "pause",
     "/v1/weights": "weights",
+    "/v1/weights/group": "join",
+    "/v1/weights/broadcast": "broadcast",
 }
 """Each route with a request body, by the name docs/server.md's field table gives it."""
 
@@ -282,6 +290,33 @@ def _weights(api: Api, route: str) -> None:
     assert api.sample("completions")["choices"][0]["policy_versions"] == [3, 3]
 
 
+@effect("host", "port", "group", "rank", "size", "timeout_s", route="join")
+@effect("group", "version", "buckets", route="broadcast")
+def _weights_broadcast(api: Api, route: str) -> None:
+    """A thread here is the trainer: rank 0 of a group the engine joins, broadcasting the
+    engine's own weights in small buckets as version 8."""
+    store = dist.TCPStore(HOST, 0, None, True, wait_for_workers=False)
+    join = {"host": HOST, "port": store.port, "group": "g", "rank": 1, "size": 2,
+            "timeout_s": 30}  # fmt: skip
+    unsigned = httpx.post(f"{api.url}/v1/weights/group", json=join, timeout=30)
+    assert unsigned.status_code == 401  # as /v1/weights: the token, from this machine
+    weights = {n: p.detach().clone() for n, p in api.engine.model.named_parameters()}
+    buckets = pack(weights, bucket_bytes=2**16)
+    body = {"group": "g", "version": 8, "buckets": manifest(buckets)}
+    with ThreadPoolExecutor(1) as pool:
+        joined = pool.submit(api.post, "/v1/weights/group", join)
+        trainer = new_group(store, "g", HOST, 0, 2, 30.0)
+        assert joined.result().json() == {"group": "g"}
+        served = pool.submit(api.post, "/v1/weights/broadcast", body)
+        for bucket in buckets:
+            trainer.broadcast([torch.from_numpy(bucket.data)]).wait()
+        assert served.result().json() == {"policy_version": 8}
+    assert api.sample("completions")["choices"][0]["policy_versions"] == [8, 8]
+    elsewhere = api.post("/v1/weights/broadcast", {**body, "group": "h"})
+    assert elsewhere.status_code == 409, elsewhere.text
+    assert elsewhere.json()["error"]["code"] == "broadcast_aborted"
+
+
 REFUSED: dict[str, dict[str, tuple[dict[str, Any], str]]] = {
     SHARED: {
         "presence_penalty": ({"presence_penalty": 0.5}, "presence_penalty"),
@@ -303,6 +338,8 @@ REFUSED: dict[str, dict[str, tuple[dict[str, Any], str]]] = {
     "completions": {},
     "pause": {},
     "weights": {},
+    "join": {},
+    "broadcast": {},
 }
 """Fields the server takes only with a value that changes nothing (0, empty, true, "text"),
 and refuses with any other: (the request's fields, the `param` its 400 names)."""

@@ -138,12 +138,13 @@ def _kill_engine_once_stepped(run: subprocess.Popen[str], folder: Path, index: i
     os.kill(engine, signal.SIGKILL)
 
 
-def test_an_engine_killed_mid_run_is_restarted_and_no_rollout_fails(tmp_path):
+@pytest.mark.parametrize("transport", ["file", "broadcast"])
+def test_an_engine_killed_mid_run_is_restarted_and_no_rollout_fails(tmp_path, transport):
     # Steps 3 and 4 wait for `release`, made once the run has said it restarts the engine:
     # a tiny model's steps could otherwise all end before its supervisor looks again.
     release = tmp_path / "release"
     env = [f"env.name={RELEASE_ENV}", f"env.args.release={str(release)!r}"]
-    argv = tiny_train(tmp_path, "run.steps=4", *TWO, *env)
+    argv = tiny_train(tmp_path, "run.steps=4", *TWO, *env, f"engines.weight_sync={transport}")
     run = subprocess.Popen(
         argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
@@ -217,7 +218,7 @@ def test_each_engine_serves_the_runs_settings(tmp_path):
     overrides = ["model.name=tiny-random", "engine.dtype=bfloat16", "engine.vllm.compile=true",
                  "rollout.sampling.temperature=0.7", *TWO]  # fmt: skip
     config = load_config(Config, None, overrides)
-    wanted = EngineProcesses([1, 2], tmp_path, config).serve
+    wanted = EngineProcesses([1, 2], tmp_path, config, SpawnedEngines()).serve
     assert ServeConfig.model_validate(tomllib.loads(settings_toml(wanted))) == wanted
     assert wanted.engine == config.engine and wanted.server.sampling.temperature == 0.7
 

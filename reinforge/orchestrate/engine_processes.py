@@ -28,9 +28,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
+import torch
 
 from reinforge.config import Config, ServeConfig
 from reinforge.errors import UsageError
+from reinforge.orchestrate.broadcast_weights import BroadcastPush
 from reinforge.orchestrate.config import SpawnedEngines
 from reinforge.orchestrate.weight_sync import EngineLinks, FilePush
 from reinforge.policy.config import ServerConfig
@@ -70,8 +72,12 @@ class EngineLauncher(Protocol):
 
 
 class EngineProcesses:
-    def __init__(self, ports: list[int], logs: Path, config: Config) -> None:
+    def __init__(
+        self, ports: list[int], logs: Path, config: Config, spawned: SpawnedEngines
+    ) -> None:
         self.ports = ports
+        self.spawned = spawned
+        self.dtype = getattr(torch, config.engine.dtype)
         self.urls = [base_url("127.0.0.1", port) for port in ports]
         self.logs = logs
         self.token = secrets.token_urlsafe(32)
@@ -85,7 +91,7 @@ class EngineProcesses:
         parent-death signal comes when the starting thread ends."""
         logs = config.run_dir / "engines"
         logs.mkdir(parents=True, exist_ok=True)
-        engines = cls(free_ports(spawned.count), logs, config)
+        engines = cls(free_ports(spawned.count), logs, config, spawned)
         try:
             await engines._launch(list(range(spawned.count)))
         except BaseException:
@@ -104,7 +110,10 @@ class EngineProcesses:
         return self.processes[index].poll()
 
     def weight_sync(self) -> EngineLinks:
-        """Processes of this machine load a file of it."""
+        """Processes of this machine load a file of it, or take a broadcast."""
+        if self.spawned.weight_sync == "broadcast":
+            timeout_s = self.spawned.broadcast_timeout_s
+            return BroadcastPush(self.urls, self.token, self.dtype, timeout_s)
         return FilePush(self.urls, self.token, supervised=True)
 
     def log(self, index: int) -> Path:

@@ -4,18 +4,19 @@
 
 from __future__ import annotations
 
-import tempfile
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors.torch import load_file
 
-from reinforge.orchestrate.weight_sync import EngineGone, EngineLinks, check_versions
-from reinforge.policy.weight_buckets import Bucket, pack, total_bytes
-from reinforge.train.trainable import full_weights
-from reinforge.train.trainer import PolicyTrainer, Trainer
+from reinforge.orchestrate.weight_sync import (
+    EngineGone,
+    EngineLinks,
+    check_versions,
+    packed_weights,
+)
+from reinforge.policy.weight_buckets import total_bytes
+from reinforge.train.trainer import PolicyTrainer
 
 try:
     import ray
@@ -41,7 +42,7 @@ class ObjectStorePush(EngineLinks):
 
     def _deliver(self, trainer: PolicyTrainer, version: int) -> tuple[int, int, float]:
         started = time.perf_counter()
-        buckets = _packed(trainer, self._dtype)
+        buckets = packed_weights(trainer, self._dtype)
         self._last = [ray.put(bucket) for bucket in buckets]
         pack_s = time.perf_counter() - started
         up = self.up()
@@ -56,15 +57,3 @@ class ObjectStorePush(EngineLinks):
     def _give_last(self, index: int) -> None:
         if self._engines.give([index], self.version, self._last) == [None]:
             raise EngineGone(f"engine {index} did not take the weights")
-
-
-def _packed(trainer: PolicyTrainer, dtype: torch.dtype) -> list[Bucket]:
-    """The trainer's complete weights (LoRA merged) in buckets. A sharded trainer's come
-    through the file its rank 0 writes on the run's node."""
-    if isinstance(trainer, Trainer):
-        with full_weights(trainer.model) as weights:
-            return pack(weights, dtype)
-    with tempfile.TemporaryDirectory(prefix="reinforge-weights-") as folder:
-        path = Path(folder) / "weights.safetensors"
-        trainer.write_weights(path)
-        return pack(load_file(path), dtype)

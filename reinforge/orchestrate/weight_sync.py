@@ -1,7 +1,7 @@
 """How a trainer's new weights reach the engines that sample: one way, after the step.
 
 The loop trains, then pushes: `synced = sync.push(trainer, version)`. Neither side calls
-the other back. Three transports, by where the engine holds its weights:
+the other back. Its transports, by where the engine holds its weights:
 
 | transport       | engine                                   | what a push moves           |
 |-----------------|------------------------------------------|-----------------------------|
@@ -14,6 +14,9 @@ the other back. Three transports, by where the engine holds its weights:
 | `ObjectStore-   | `reinforge serve` in Ray actors          | buckets in Ray's object     |
 | Push` (Ray,     | (`orchestrate/ray_cluster.py`)           | store, one copy per node    |
 | `ray_weights`)  |                                          |                             |
+| `Broadcast-     | `reinforge serve` processes of this      | buckets broadcast over a    |
+| Push` (`broad-  | machine, in a gloo group with the run's  | group of its own, copied in |
+| cast_weights`)  | process                                  | as the next one lands       |
 
 Shared tensors need one thing more: no decode step may read them while the optimizer
 writes them. The loop trains inside `sync.training(trainer)`, where `SharedWeights` holds
@@ -37,10 +40,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
+import torch
+from safetensors.torch import load_file
 
 from reinforge.errors import UsageError
 from reinforge.policy.backends import SamplingEngine
 from reinforge.policy.engine import Engine
+from reinforge.policy.weight_buckets import Bucket, pack
 from reinforge.train.trainable import full_weights
 from reinforge.train.trainer import PolicyTrainer, Trainer
 
@@ -290,3 +296,15 @@ def post_to_engine(
         message = response.json().get("error", {}).get("message", response.text)
         raise UsageError(f"the engine at {url} refused to {what}: {message}")
     return response.json()
+
+
+def packed_weights(trainer: PolicyTrainer, dtype: torch.dtype) -> list[Bucket]:
+    """The trainer's complete weights (LoRA merged) in buckets, cast to `dtype`. A sharded
+    trainer's come through the file its rank 0 writes on the run's node."""
+    if isinstance(trainer, Trainer):
+        with full_weights(trainer.model) as weights:
+            return pack(weights, dtype)
+    with tempfile.TemporaryDirectory(prefix="reinforge-weights-") as folder:
+        path = Path(folder) / "weights.safetensors"
+        trainer.write_weights(path)
+        return pack(load_file(path), dtype)

@@ -223,6 +223,35 @@ class WeightsUpdate(BaseModel):
     carry it."""
 
 
+class GroupJoin(BaseModel):
+    """Join the trainer's weights group (`weight_group.py`): the weights then come as
+    broadcasts over it, announced by `WeightsBroadcast`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str
+    """Where the trainer's rendezvous store listens, and the address the group's
+    connections use."""
+    port: int = Field(ge=1, le=65535)
+    group: str
+    """The group's name: a new one each time the trainer forms it."""
+    rank: int = Field(ge=1)
+    size: int = Field(ge=2)
+    timeout_s: float = Field(gt=0)
+    """Joining, and each broadcast, fails past it."""
+
+
+class WeightsBroadcast(BaseModel):
+    """The trainer broadcasts its weights over group `group` now, in buckets laid out as
+    `buckets` says (`weight_buckets.manifest`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    group: str
+    version: int = Field(ge=0)
+    buckets: list[list[dict[str, Any]]] = Field(min_length=1)
+
+
 class CompletionRequest(SamplingRequest):
     prompt: str | list[int] = ""
     logprobs: int | None = Field(None, ge=0)

@@ -13,6 +13,10 @@ Extensions to OpenAI's schema (ignored by clients that do not know them):
 - `POST /v1/weights` `{"path", "version"}`: a trainer on this machine hands over new
   weights as a safetensors file, with `server.weights_token` as its bearer token; they
   apply between two decode steps and requests in flight continue under them;
+- `POST /v1/weights/group` `{"host", "port", "group", "rank", "size", "timeout_s"}` and
+  `POST /v1/weights/broadcast` `{"group", "version", "buckets"}`, with the same token: the
+  weights come as a broadcast over a process group of the trainer and its engines instead
+  of a file (`weight_group.py`); these say which group, and each push's manifest;
 - `POST /v1/pause` `{"lease_s"}` and `POST /v1/resume`, with the same token: decoding is
   held from the next step boundary until resume (or the lease's end); weights sent
   meanwhile apply inside the hold (`pause.py`).
@@ -56,7 +60,9 @@ from reinforge.policy.requests import (
     APIError,
     ChatRequest,
     CompletionRequest,
+    GroupJoin,
     PauseRequest,
+    WeightsBroadcast,
     WeightsUpdate,
     bad_request,
     chat_messages,
@@ -65,6 +71,8 @@ from reinforge.policy.requests import (
 )
 from reinforge.policy.sampling import SamplingParams
 from reinforge.policy.streaming import stream
+from reinforge.policy.weight_buckets import entries_of
+from reinforge.policy.weight_group import BroadcastAborted, WeightGroup
 
 _Setting = TypeVar("_Setting", float, bool)
 """A sampling setting a request may leave to the server's config."""
@@ -75,6 +83,7 @@ def create_app(engine: SamplingEngine, config: ServerConfig) -> FastAPI:
     app = FastAPI(title="reinforge policy server")
     service = _Service(engine, config)
     pause = Pause(engine)
+    group = WeightGroup(engine)
     writer = ChoiceWriter(engine.tokenizer, engine.eos_ids)
     install_guards(app, config.max_request_bytes)
 
@@ -138,6 +147,33 @@ def create_app(engine: SamplingEngine, config: ServerConfig) -> FastAPI:
     async def weights(update: WeightsUpdate, request: Request) -> Json:
         service.authorize_weights(request)
         version = await asyncio.to_thread(pause.run, lambda: service.load_weights(update))
+        return {"policy_version": version}
+
+    @app.post("/v1/weights/group")
+    async def join_weights_group(join: GroupJoin, request: Request) -> Json:
+        service.authorize_weights(request)
+        try:
+            await asyncio.to_thread(
+                group.join, join.host, join.port, join.group, join.rank, join.size, join.timeout_s
+            )
+        except RuntimeError as error:  # torch.distributed's: a rank or the store is gone
+            message = f"could not join weights group {join.group}: {error}"
+            raise APIError(409, message, code="group_failed") from error
+        return {"group": join.group}
+
+    @app.post("/v1/weights/broadcast")
+    async def take_broadcast(update: WeightsBroadcast, request: Request) -> Json:
+        service.authorize_weights(request)
+        try:
+            buckets = entries_of(update.buckets)
+        except TypeError as error:
+            raise bad_request(f"not a bucket manifest: {error}", "buckets") from error
+        try:
+            version = await asyncio.to_thread(
+                pause.run, lambda: group.receive(update.group, buckets, update.version)
+            )
+        except BroadcastAborted as error:
+            raise APIError(409, str(error), code="broadcast_aborted") from error
         return {"policy_version": version}
 
     @app.post("/v1/pause")

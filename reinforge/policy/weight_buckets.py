@@ -1,7 +1,8 @@
 """Weights as buckets of bytes with a manifest: how they travel where no file path does
-(Ray's object store). They are cast once to the engines' dtype (bf16 halves the bytes of
-an fp32 trainer's) and cut into buckets of about `BUCKET_BYTES`, each tensor whole in one
-bucket, so that a receiver rebuilds every tensor as a view of the bucket it came in.
+(Ray's object store, a broadcast over a process group). They are cast once to the engines'
+dtype (bf16 halves the bytes of an fp32 trainer's) and cut into buckets of about
+`BUCKET_BYTES`, each tensor whole in one bucket, so that a receiver rebuilds every tensor
+as a view of the bucket it came in.
 
 A bucket's bytes are a numpy array: Ray stores those without pickling them, and every
 process of a node reads the one copy in its object store.
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -77,11 +79,36 @@ def unpack(buckets: Iterable[Bucket]) -> dict[str, torch.Tensor]:
     with warnings.catch_warnings():  # a bucket from Ray's object store is read-only
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         for bucket in buckets:
-            data = torch.from_numpy(bucket.data)
-            for e in bucket.entries:
-                raw = data[e.offset : e.offset + e.nbytes]
-                tensors[e.name] = raw.view(getattr(torch, e.dtype)).reshape(e.shape)
+            tensors |= views(bucket.entries, torch.from_numpy(bucket.data))
     return tensors
+
+
+def views(entries: Iterable[Entry], data: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The tensors `entries` place in `data`, a bucket's bytes (uint8) wherever they
+    arrived: views of it."""
+    return {
+        e.name: data[e.offset : e.offset + e.nbytes].view(getattr(torch, e.dtype)).reshape(e.shape)
+        for e in entries
+    }
+
+
+def manifest(buckets: Iterable[Bucket]) -> list[list[dict[str, Any]]]:
+    """What a receiver needs to rebuild the buckets from their bytes alone, as JSON: each
+    bucket's entries, in order."""
+    return [[asdict(e) for e in bucket.entries] for bucket in buckets]
+
+
+def entries_of(manifest: list[list[dict[str, Any]]]) -> list[tuple[Entry, ...]]:
+    """`manifest`'s buckets' entries back."""
+    return [
+        tuple(Entry(**{**e, "shape": tuple(e["shape"])}) for e in bucket) for bucket in manifest
+    ]
+
+
+def size_of(entries: tuple[Entry, ...]) -> int:
+    """The bytes of a bucket holding `entries` (the last one's padding included)."""
+    last = entries[-1]
+    return last.offset + last.nbytes + (-last.nbytes % ALIGN)
 
 
 def total_bytes(buckets: Iterable[Bucket]) -> int:
