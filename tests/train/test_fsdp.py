@@ -7,19 +7,27 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+)
 from transformers import AutoModelForCausalLM
 
-from reinforge.policy.models import load_model
+from reinforge.policy.models import load_model, load_tokenizer
 from reinforge.train.algorithm import AlgorithmConfig, PPOClipLoss, SequenceMean, TruncatedIS
 from reinforge.train.batching import TrainBatch, micro_batches
+from reinforge.train.checkpoints import OPTIMIZER, write_checkpoint
 from reinforge.train.config import OptimConfig, TrainerConfig
 from reinforge.train.ranks import LocalRanks, RankFailed, run_on_ranks
-from reinforge.train.sharded import RankTrainer, ShardedTrainer
-from reinforge.train.trainer import Trainer, TrainerSpec
+from reinforge.train.sharded import RankTrainer, ShardedTrainer, TrainerRanks, build_sharded
+from reinforge.train.trainer import PolicyTrainer, Trainer, TrainerSpec, build_trainer
 from reinforge.types import Trajectory
 
 from .rank_faults import answer_then_die, leave
@@ -148,61 +156,104 @@ def test_a_rank_that_dies_as_its_answer_is_read_ends_the_run_with_an_error():
         run_on_ranks(config, answer_then_die)
 
 
-def _resume_on_rank(
-    config: TrainerConfig, model: Path, state: dict, batch: TrainBatch, folder: Path
-) -> tuple[dict[str, float], dict]:
-    """From a one-process trainer's checkpoint (`model`, `state`): one step on this rank,
-    the model saved to `folder`; the step's metrics and the whole trainer state after it."""
-    resumed = AutoModelForCausalLM.from_pretrained(model)
-    trainer = ShardedTrainer(resumed, config, OPTIM, total_steps=STEPS)
-    trainer.load_state_dict(state)
-    metrics = trainer.step(batch).model_dump()
-    trainer.save_model(folder)
-    return metrics, trainer.state_dict()
+def _checkpoint(trainer: PolicyTrainer, run_dir: Path) -> Path:
+    """Step 1's checkpoint of `run_dir`, as a run writes it."""
+    state = {"step": 1, **trainer.state_dict()}
+    tokenizer = load_tokenizer("tiny-random")
+    return write_checkpoint(
+        run_dir, 1, trainer.save_model, trainer.save_optimizer, tokenizer, state
+    )
+
+
+def _optimizer_state(trainer: Trainer) -> dict[str, object]:
+    """The whole optimizer state by parameter name, as a one-process trainer holds it."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_optimizer_state_dict(trainer.model, trainer.optimizer, options=options)
+
+
+def _saved_optimizer(checkpoint: Path, tmp_path: Path) -> dict[str, object]:
+    """A checkpoint's optimizer state, read from its files alone, whole."""
+    whole = tmp_path / f"{checkpoint.parent.parent.name}.pt"
+    dcp_to_torch_save(checkpoint / OPTIMIZER, whole)
+    return torch.load(whole, weights_only=False)["optimizer"]
+
+
+def _resumed_on_rank(
+    specs: list[TrainerSpec], batch: TrainBatch
+) -> list[tuple[dict[str, object], dict[str, float], dict[str, torch.Tensor]]]:
+    """Each spec's checkpoint resumed on this rank: the whole optimizer state as loaded,
+    the next step's metrics and the weights after it."""
+    results = []
+    for spec in specs:
+        trainer = build_sharded(spec)
+        state = copy.deepcopy(_optimizer_state(trainer))  # the live tensors move on
+        metrics = trainer.step(batch).model_dump()
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        results.append((state, metrics, get_model_state_dict(trainer.model, options=options)))
+    return results
+
+
+def _assert_same_state(got: dict, want: dict) -> None:
+    assert got["param_groups"] == want["param_groups"]
+    assert got["state"].keys() == want["state"].keys()
+    for name, entry in want["state"].items():
+        assert entry.keys() == got["state"][name].keys()
+        for key, value in entry.items():
+            assert torch.equal(got["state"][name][key], value), (name, key)
 
 
 def test_a_checkpoint_resumes_on_another_world_size(tmp_path):
-    """One process steps once and checkpoints; two ranks resume from it and step again,
-    as the one process does: the same step, and a state the one process loads back."""
-    config, batch = CASES["sequence_mean"], _batch()
-    model, _ = load_model("tiny-random")
-    one = Trainer(model, config, OPTIM, total_steps=STEPS)
-    one.step(batch)
-    one.save_model(tmp_path / "step1")
-    state = copy.deepcopy(one.state_dict())  # the live optimizer's tensors move on
-    expected = one.step(batch).model_dump()
-
+    """Two ranks step once and checkpoint, each rank writing its shard of the optimizer
+    state; one process and two ranks resume from it and load exactly the saved state, and
+    their next step is the uninterrupted run's: exactly, on two ranks again; to the float
+    rounding of summing over ranks, on one. The same the other way round: a one-process
+    checkpoint resumed on two ranks. fp32, with a sharded KL reference."""
+    config, batch = CASES["token_mean_kl"], _batch()
     sharded = config.model_copy(update={"world_size": 2, "collective_timeout_s": 120})
-    metrics, resharded = run_on_ranks(
-        sharded, _resume_on_rank, sharded, tmp_path / "step1", state, batch, tmp_path / "step2"
-    )
-    assert metrics == pytest.approx(expected, rel=1e-4, abs=1e-6)
-    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "step2")
-    for name, param in one.model.named_parameters():
-        torch.testing.assert_close(saved.get_parameter(name), param, atol=OPTIM.lr / 10, rtol=0)
+    one_spec = TrainerSpec("tiny-random", config, OPTIM, total_steps=STEPS)
+    two_spec = replace(one_spec, config=sharded)
 
-    # the two ranks' state is a one-process state: the same entries, whole, loadable
-    wanted = one.state_dict()["optimizer"]
-    assert resharded["optimizer"]["param_groups"] == wanted["param_groups"]
-    assert resharded["optimizer"]["state"].keys() == wanted["state"].keys()
-    for index, entry in wanted["state"].items():
-        for key, value in entry.items():
-            torch.testing.assert_close(resharded["optimizer"]["state"][index][key], value)
-    Trainer(saved, config, OPTIM, total_steps=STEPS).load_state_dict(resharded)
-
-
-def test_only_rank_0_sends_the_optimizer_state_back():
-    """Every rank gathers the state (a collective), but a checkpoint keeps rank 0's: the
-    others' copies would cross the process boundary, W times the bytes, for nothing."""
-    config = TrainerConfig(world_size=2, collective_timeout_s=120)
-    spec = TrainerSpec("tiny-random", config, OPTIM, total_steps=STEPS)
-    ranks = LocalRanks(config, RankTrainer, spec)
+    two = TrainerRanks(LocalRanks(sharded, RankTrainer, two_spec))
     try:
-        ranks.call("step", _batch())
-        zero, one = ranks.call("state_dict")
+        two.step(batch)
+        from_two = _checkpoint(two, tmp_path / "two")
+        two_next = two.step(batch).model_dump()
+        two.save_model(tmp_path / "two_uninterrupted")
     finally:
-        ranks.stop()
-    assert one is None
-    moments = [entry["exp_avg"] for entry in zero["optimizer"]["state"].values()]
-    parameters = load_model("tiny-random")[0].parameters()
-    assert sorted(m.numel() for m in moments) == sorted(p.numel() for p in parameters)  # whole
+        two.close()
+    # each rank wrote its own half of the moments, none the whole
+    shards = sorted((from_two / OPTIMIZER).glob("*.distcp"))
+    assert [p.name for p in shards] == ["__0_0.distcp", "__1_0.distcp"]
+    moments = 2 * 4 * sum(p.numel() for p in load_model("tiny-random")[0].parameters())
+    for shard in shards:
+        assert 0.45 * moments < shard.stat().st_size < 0.55 * moments + 100_000
+
+    one = build_trainer(Trainer, one_spec)
+    one.step(batch)
+    from_one = _checkpoint(one, tmp_path / "one")
+    one_state = copy.deepcopy(_optimizer_state(one))  # the live tensors move on
+    one_next = one.step(batch).model_dump()
+
+    # two ranks -> one process
+    resumed = build_trainer(Trainer, replace(one_spec, checkpoint=from_two))
+    _assert_same_state(_optimizer_state(resumed), _saved_optimizer(from_two, tmp_path))
+    assert resumed.step(batch).model_dump() == pytest.approx(two_next, rel=1e-4, abs=1e-6)
+    uninterrupted = AutoModelForCausalLM.from_pretrained(tmp_path / "two_uninterrupted")
+    for name, param in resumed.model.named_parameters():
+        torch.testing.assert_close(
+            param, uninterrupted.get_parameter(name), atol=OPTIM.lr / 10, rtol=0
+        )
+
+    # two ranks -> two ranks, and one process -> two ranks
+    on_two = [replace(two_spec, checkpoint=from_two), replace(two_spec, checkpoint=from_one)]
+    (state_22, next_22, weights_22), (state_12, next_12, weights_12) = run_on_ranks(
+        sharded, _resumed_on_rank, on_two, batch
+    )
+    _assert_same_state(state_22, _saved_optimizer(from_two, tmp_path))
+    assert next_22 == two_next
+    for name, param in uninterrupted.named_parameters():
+        assert torch.equal(weights_22[name], param), name
+    _assert_same_state(state_12, one_state)
+    assert next_12 == pytest.approx(one_next, rel=1e-4, abs=1e-6)
+    for name, param in one.model.named_parameters():
+        torch.testing.assert_close(weights_12[name], param, atol=OPTIM.lr / 10, rtol=0)
