@@ -12,15 +12,19 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
+    set_model_state_dict,
 )
+from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
 from reinforge.policy.models import load_model, load_tokenizer
+from reinforge.train import sharded as sharded_module
 from reinforge.train.algorithm import AlgorithmConfig, PPOClipLoss, SequenceMean, TruncatedIS
 from reinforge.train.batching import TrainBatch, micro_batches
 from reinforge.train.checkpoints import OPTIMIZER, write_checkpoint
@@ -135,6 +139,122 @@ def test_two_ranks_step_as_one_process(tmp_path):
                 saved.get_parameter(param_name), param, atol=OPTIM.lr / 10, rtol=0.0
             )
             assert not torch.equal(param, initial[param_name])  # every parameter trained
+
+
+def _mixed_on_rank(
+    config: TrainerConfig, batch: TrainBatch, folder: Path
+) -> tuple[list[dict[str, float]], dict[str, torch.dtype]]:
+    """STEPS steps of `config` on this rank, the model saved to `folder`; the metrics, and
+    the dtype of the weight a decoder layer and the head compute with."""
+    model, _ = load_model("tiny-random")
+    reference = load_model("tiny-random")[0].requires_grad_(False)
+    trainer = ShardedTrainer(model, config, OPTIM, total_steps=STEPS, reference=reference)
+    seen: dict[str, torch.dtype] = {}
+    for name in ("model.layers.0.mlp.up_proj", "lm_head"):
+
+        def note(unit: torch.nn.Module, _: object, name: str = name) -> None:
+            seen[name] = unit.weight.dtype
+
+        trainer.model.get_submodule(name).register_forward_pre_hook(note)
+    metrics = [trainer.step(batch).model_dump() for _ in range(STEPS)]
+    trainer.save_model(folder)
+    return metrics, seen
+
+
+def test_two_ranks_in_bf16_step_as_one_rank_in_bf16(tmp_path):
+    """`mixed_precision = "bfloat16"`: the decoder layers gather and compute in bf16 and the
+    head in fp32, and two ranks step as one rank of the same policy (which no config asks
+    for: in one process `precision` is the key) to bf16 rounding.
+
+    Why these tolerances: both compute the same bf16 products of the same bf16 weights, and
+    differ only in the order of fp32 sums (the reduce over ranks, and kernels split over
+    half the threads). Such an order moves a sum by ~1e-7 relative, which flips a value's
+    bf16 rounding only near a rounding midpoint: one bf16 ulp, 2^-8 relative, of a few
+    values. So a metric may differ by a few bf16 ulps of itself (rel 2^-8 x 4), and, the
+    KL and clip fractions starting at 0, by as much in absolute terms on the scale of
+    their terms. A weight moves at most ~lr per Adam step in either run, and two runs can
+    only disagree where bf16 noise flips a gradient's sign: at most 2 lr per step."""
+    batch = _batch()
+    two = CASES["token_mean_kl"].model_copy(
+        update={"world_size": 2, "mixed_precision": "bfloat16", "collective_timeout_s": 120}
+    )
+    one = two.model_copy(update={"world_size": 1})  # unvalidated: one rank of FSDP
+    got, dtypes = run_on_ranks(two, _mixed_on_rank, two, batch, tmp_path / "two")
+    want, _ = run_on_ranks(one, _mixed_on_rank, one, batch, tmp_path / "one")
+    assert dtypes == {"model.layers.0.mlp.up_proj": torch.bfloat16, "lm_head": torch.float32}
+    for step_got, step_want in zip(got, want, strict=True):
+        # ...but a token whose ratio lies within bf16 rounding of a clip bound may count on
+        # either side: a fraction may differ by one token
+        fractions = {k for k in step_want if k.endswith("_fraction")}
+        one_token = 1.0 / step_want["trained_tokens"]
+        for key in fractions:
+            assert step_got[key] == pytest.approx(step_want[key], abs=one_token), key
+        others = {k: v for k, v in step_want.items() if k not in fractions}
+        assert {k: step_got[k] for k in others} == pytest.approx(others, rel=4 * 2**-8, abs=1e-4)
+    assert got[1]["kl"] != 0.0
+    two_model = AutoModelForCausalLM.from_pretrained(tmp_path / "two")
+    one_model = AutoModelForCausalLM.from_pretrained(tmp_path / "one")
+    initial = load_model("tiny-random")[0]
+    for name, param in one_model.named_parameters():
+        moved = two_model.get_parameter(name)
+        torch.testing.assert_close(moved, param, atol=2 * STEPS * OPTIM.lr, rtol=0.0)
+        assert not torch.equal(moved, initial.get_parameter(name))  # every parameter trained
+
+
+def _built_on_rank(spec: TrainerSpec) -> dict[str, object]:
+    """`build_sharded` on this rank, rank 1 unable to load any model and watched as it
+    takes its weights; what rank 1 saw, and the whole weights the ranks hold."""
+    watched: dict[str, object] = {"loads": []}
+    if dist.get_rank() == 1:
+
+        def refuse(*args: object, **kwargs: object) -> None:
+            raise AssertionError(f"rank 1 loaded a model: {args}")
+
+        def loading(model: torch.nn.Module, weights: dict, options: object) -> object:
+            params = dict(model.named_parameters())
+            watched["loads"].append(
+                {
+                    "given": len(weights),
+                    "sharded": all(isinstance(p, DTensor) for p in params.values()),
+                    "held": sum(p.to_local().numel() for p in params.values()),
+                    "whole": sum(p.numel() for p in params.values()),
+                }
+            )
+            return set_model_state_dict(model, weights, options=options)
+
+        sharded_module.load_trainable = sharded_module.load_model = refuse
+        sharded_module.set_model_state_dict = loading
+    trainer = build_sharded(spec)
+    watched["buffers"] = {n: b.clone() for n, b in trainer.model.named_buffers()}
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    whole = get_model_state_dict(trainer.model, options=options)
+    from_rank_1 = [watched]
+    dist.broadcast_object_list(from_rank_1, src=1)
+    return {"rank_1": from_rank_1[0], "rank_0_buffers": watched["buffers"], "whole": whole}
+
+
+def test_rank_1_never_holds_the_whole_model():
+    """Rank 1 loads no model: it builds the policy and the KL reference on the meta device,
+    shards them, and only then takes its half of rank 0's weights (broadcast a tensor at a
+    time), rotary buffers included, so that the ranks hold exactly the loaded model."""
+    config = CASES["token_mean_kl"].model_copy(
+        update={"world_size": 2, "collective_timeout_s": 120}
+    )
+    spec = TrainerSpec("tiny-random", config, OPTIM, total_steps=STEPS)
+    built = run_on_ranks(config, _built_on_rank, spec)
+    loaded = load_model("tiny-random")[0]
+    whole = sum(p.numel() for p in loaded.parameters())
+    half = sum(-(-p.shape[0] // 2) * p[0].numel() for p in loaded.parameters())  # rows cut in 2
+    loads = built["rank_1"]["loads"]
+    assert len(loads) == 2  # the policy and the reference
+    for load in loads:
+        assert load["given"] == 0 and load["sharded"] and load["whole"] == whole
+        assert load["held"] <= half
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(built["whole"][name], tensor), name
+    for name, buffer in built["rank_0_buffers"].items():
+        assert torch.equal(built["rank_1"]["buffers"][name], buffer), name
+        assert torch.equal(buffer, loaded.get_buffer(name)), name
 
 
 def test_a_stuck_rank_times_out_the_others():
