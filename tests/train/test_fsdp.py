@@ -1,7 +1,8 @@
 """The sharded trainer (FSDP2 over gloo, on CPU) against one process on real parts: two
 ranks give the same loss, metrics and updated weights on the same batch, and write one
-Hugging Face checkpoint that loads with world size 1; a stuck or dead rank ends the run with
-an error, not a hang; a checkpoint of one process resumes on two ranks, and theirs on one."""
+Hugging Face checkpoint that loads with world size 1; in bf16 they step as one rank in
+bf16; rank 1 never loads the model; a stuck or dead rank ends the run with an error, not a
+hang; a checkpoint of two ranks resumes on one and on two, and one of one process on two."""
 
 from __future__ import annotations
 
