@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from transformers import AutoModelForCausalLM
 
 from reinforge.config import Config, load_config
@@ -77,14 +78,31 @@ def test_keep_checkpoints_deletes_older_ones_only_once_a_newer_one_is_complete(t
     def full_disk(folder: Path) -> None:
         raise OSError(28, "No space left on device")
 
+    def save_optimizer(folder: Path) -> None:
+        dcp.save({"step": torch.zeros(())}, checkpoint_id=folder, no_dist=True)
+
     for step in (2, 4, 6):
-        write_checkpoint(tmp_path, step, save, tokenizer, {"step": step}, keep=2)
+        write_checkpoint(tmp_path, step, save, save_optimizer, tokenizer, {"step": step}, keep=2)
     kept = ["step_00004", "step_00006"]
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == kept
     with pytest.raises(OSError, match="No space"):
-        write_checkpoint(tmp_path, 8, full_disk, tokenizer, {"step": 8}, keep=1)
+        write_checkpoint(tmp_path, 8, full_disk, save_optimizer, tokenizer, {"step": 8}, keep=1)
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == kept
     assert latest_checkpoint(tmp_path) == tmp_path / "checkpoints" / "step_00006"
+
+
+def test_a_checkpoint_missing_an_optimizer_shard_is_refused(tmp_path):
+    """A rank on another machine writes its shard to its own disk unless the run directory
+    is shared: the checkpoint would not resume, so it is not kept."""
+    tokenizer = load_tokenizer("tiny-random")
+
+    def elsewhere(folder: Path) -> None:
+        dcp.save({"step": torch.zeros(())}, checkpoint_id=folder, no_dist=True)
+        (folder / "__0_0.distcp").unlink()
+
+    with pytest.raises(UsageError, match=r"optimizer shards __0_0\.distcp were written elsewhere"):
+        write_checkpoint(tmp_path, 1, lambda folder: None, elsewhere, tokenizer, {"step": 1})
+    assert latest_checkpoint(tmp_path) is None
 
 
 def test_zero_variance_groups_are_counted_and_errored_rollouts_left_out():

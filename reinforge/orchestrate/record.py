@@ -93,6 +93,7 @@ class RunRecorder:
             self.directory,
             self.steps,
             trainer.save_model,
+            trainer.save_optimizer,
             self.tokenizer,
             state,
             keep=self.config.run.keep_checkpoints,

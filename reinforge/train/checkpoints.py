@@ -2,8 +2,10 @@
 and the run directory a resumed run continues.
 
 `<run>/checkpoints/step_NNNNN/` holds the model (loadable by transformers and vLLM, LoRA
-merged, see `trainable.save_model`), the tokenizer, and `trainer_state.pt` (step, policy
-version, optimizer, schedule and RNG state). RL and SFT runs write the same layout.
+merged, see `trainable.save_model`), the tokenizer, `optimizer/` (the optimizer state as a
+torch.distributed.checkpoint: one file per rank that wrote it, loadable on any world size)
+and `trainer_state.pt` (step, policy version, schedule and RNG state). RL and SFT runs
+write the same layout.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import torch
+from torch.distributed.checkpoint import FileSystemReader
 from transformers import PreTrainedTokenizerBase
 
 from reinforge.errors import UsageError
 
 TRAINER_STATE = "trainer_state.pt"
+OPTIMIZER = "optimizer"
 RUN_ENTRIES = ("config.json", "metrics.jsonl", "trajectories", "checkpoints", "engines")
 """What a run writes in its directory (`engines`: the logs of its own engine processes):
 what `--overwrite` deletes, and nothing else there."""
@@ -32,13 +36,15 @@ def write_checkpoint(
     run_dir: Path,
     steps_done: int,
     save_model: Callable[[Path], None],
+    save_optimizer: Callable[[Path], None],
     tokenizer: PreTrainedTokenizerBase,
     state: dict[str, Any],
     keep: int | None = None,
 ) -> Path:
     """`run_dir/checkpoints/step_NNNNN/`: the model in Hugging Face format, as `save_model`
-    writes it into a folder (a trainer's `save_model`), and `state` (what resuming needs)
-    as trainer_state.pt. Written aside and renamed, so a kill mid-save never leaves a half
+    writes it into a folder (a trainer's `save_model`), the optimizer state in `optimizer/`
+    as `save_optimizer` writes it, and `state` (the rest of what resuming needs) as
+    trainer_state.pt. Written aside and renamed, so a kill mid-save never leaves a half
     checkpoint. Then, with `keep`, all but the newest `keep` checkpoints are deleted: only
     once the new one is complete, so a run always has one to resume from."""
     final = run_dir / "checkpoints" / f"step_{steps_done:05d}"
@@ -46,6 +52,8 @@ def write_checkpoint(
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     save_model(staging)
+    save_optimizer(staging / OPTIMIZER)
+    _check_shards(staging / OPTIMIZER)
     tokenizer.save_pretrained(staging)
     torch.save(state, staging / TRAINER_STATE)
     shutil.rmtree(final, ignore_errors=True)
@@ -54,6 +62,21 @@ def write_checkpoint(
         for old in sorted(final.parent.glob("step_*"))[:-keep]:
             shutil.rmtree(old)
     return final
+
+
+def _check_shards(folder: Path) -> None:
+    """Every file of a sharded checkpoint, as its metadata lists them, is in `folder`: ranks
+    on other machines write their shards to their own disks unless `folder` is on a file
+    system they share with this one."""
+    metadata = FileSystemReader(folder).read_metadata()
+    files = {item.relative_path for item in (metadata.storage_data or {}).values()}
+    missing = sorted(name for name in files if not (folder / name).exists())
+    if missing:
+        raise UsageError(
+            f"{folder}: the optimizer shards {', '.join(missing)} were written elsewhere: a "
+            "sharded trainer's ranks on other machines need the run directory on a file "
+            "system they share (run.dir)"
+        )
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -78,8 +101,7 @@ def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
 
 def load_progress(checkpoint: Path) -> dict[str, Any]:
     """A checkpoint's trainer state for its scalars (step, policy version, the loop's
-    position), memory-mapped: the optimizer's tensors, gigabytes that the trainer reads
-    for itself (on every rank), are never read here."""
+    position), memory-mapped."""
     return torch.load(checkpoint / TRAINER_STATE, weights_only=False, mmap=True)
 
 

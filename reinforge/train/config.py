@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from reinforge.train.algorithm import AlgorithmConfig, ConstantNorm, Keep, TruncatedConfig
 from reinforge.types import Section, Status
@@ -79,10 +79,26 @@ class TrainerConfig(Section):
     and optimizer state (FSDP2) and running its share of each batch's micro-batches; gloo
     on CPU, NCCL with one GPU per rank. Placed by `cluster`; with more than one, the run's
     engines are processes too. A checkpoint resumes on any world size (docs/scale.md)."""
+    mixed_precision: Literal["float32", "bfloat16"] = "float32"
+    """A sharded trainer's (`world_size` > 1) FSDP policy. bfloat16: each decoder layer's
+    weights are gathered and computed with in bf16 (half the all-gather bytes) and its
+    gradients reduced over ranks in float32; the weights the ranks keep, the optimizer
+    state, and the embedding, final norm and LM head stay float32, as the log-softmax
+    needs. Apart from `precision` (autocast), which may be set too."""
     collective_timeout_s: float = Field(600.0, gt=0.0)
     """How long a rank waits in a collective for the others before it fails, so a dead or
     stuck rank ends the run with an error instead of a hang. Long enough for the slowest
     step, and for rank 0 saving a checkpoint while the others wait."""
+
+    @model_validator(mode="after")
+    def _mixed_precision_is_fsdps(self) -> Self:
+        if self.mixed_precision != "float32" and self.world_size == 1:
+            raise ValueError(
+                f'trainer.mixed_precision is "{self.mixed_precision}", a sharded trainer\'s '
+                "policy: it needs trainer.world_size > 1 (in one process, trainer.precision "
+                "runs the decoder in bf16)"
+            )
+        return self
 
     def for_budget(self, max_sampled_tokens: int) -> Self:
         """This config with a constant-norm aggregation that names no constant given the

@@ -13,36 +13,48 @@ the step is that of one process, to float rounding in the order of the sums. Pin
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
-from transformers import PreTrainedModel
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
-from reinforge.policy.models import quiet_progress, resolve_device
+from reinforge.policy.models import load_model, quiet_progress, resolve_device
 from reinforge.train.batching import TrainBatch
 from reinforge.train.config import OptimConfig, TrainerConfig
 from reinforge.train.logprobs import SelectiveLogprobs
 from reinforge.train.ranks import Ranks
-from reinforge.train.trainable import is_adapter
-from reinforge.train.trainer import Trainer, TrainerSpec, TrainStats, build_trainer
+from reinforge.train.trainable import is_adapter, load_trainable
+from reinforge.train.trainer import Trainer, TrainerSpec, TrainStats, resume
 
 
 class ShardedTrainer(Trainer):
     """The Trainer on one rank of a process group of `config.world_size` processes (as
-    `run_on_ranks` starts them, or torchrun); every rank builds it from the same model and
-    calls `step` with the same batch.
+    `run_on_ranks` starts them, or torchrun); every rank builds it and calls `step` with the
+    same batch.
+
+    Only rank 0's `model` (and `reference`) is read: every rank builds the architecture on
+    the meta device, shards it, and takes its shard of rank 0's weights, broadcast one
+    tensor at a time; the other ranks may pass a model on the meta device
+    (`Architecture.meta_model`), as `build_sharded` does, so that no rank but 0 ever holds
+    the whole model.
 
     Each decoder layer is an FSDP unit, and the module computing the log-probs is the root
     unit, holding the embedding, final norm and head (tied or not). A separate KL reference
     is sharded the same way. LoRA models are refused: not sharded yet.
     """
+
+    sharded = True
 
     def __init__(
         self,
@@ -63,22 +75,44 @@ class ShardedTrainer(Trainer):
         self.world_size = config.world_size
         device = resolve_device("auto")  # this rank's own GPU (`join_group` set it), or the CPU
         self._mesh = init_device_mesh(device.type, (self.world_size,))
-        super().__init__(model.to(device), config, optim, total_steps, reference)
+        self._precision = _policy(config)
+        self._units: dict[int, SelectiveLogprobs] = {}
+        sharded = self._shard(model, device)
+        sharded_reference = None if reference is None else self._shard(reference, device)
+        super().__init__(sharded, config, optim, total_steps, sharded_reference)
 
-    def _logprob_module(self, model: PreTrainedModel) -> SelectiveLogprobs:
-        module = SelectiveLogprobs(model.to(self.device))
-        layers = getattr(model.get_decoder(), "layers", None)
+    def _shard(self, model: PreTrainedModel, device: torch.device) -> PreTrainedModel:
+        """A sharded copy of rank 0's `model` on `device`, its log-prob module kept for
+        `_logprob_module`. Built on the meta device and sharded before any weight exists,
+        then filled from rank 0 (non-persistent buffers, such as rotary frequencies, too)."""
+        skeleton = Architecture.of(model).meta_model()
+        module = SelectiveLogprobs(skeleton)
+        layers = getattr(skeleton.get_decoder(), "layers", None)
         if layers is None:
             raise ValueError(f"{type(model).__name__}: no decoder `layers` to shard by")
         for layer in layers:
-            fully_shard(layer, mesh=self._mesh)
+            fully_shard(layer, mesh=self._mesh, mp_policy=self._precision)
+        # The root unit stays float32: the head's logits must (`logprobs._head_chunk`).
         fully_shard(module, mesh=self._mesh)
         for unit in module.modules():
             if isinstance(unit, FSDPModule):
                 # The loss is already this rank's part of the whole batch's: sum, not mean.
                 unit.set_gradient_divide_factor(1.0)
                 unit.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
-        return module
+        skeleton.to_empty(device=device)
+        weights = model.state_dict() if self.rank == 0 else {}
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(skeleton, weights, options=options)
+        with torch.no_grad():
+            for name, buffer in skeleton.named_buffers():
+                if self.rank == 0:
+                    buffer.copy_(model.get_buffer(name))
+                dist.broadcast(buffer, src=0)
+        self._units[id(skeleton)] = module
+        return skeleton
+
+    def _logprob_module(self, model: PreTrainedModel) -> SelectiveLogprobs:
+        return self._units.pop(id(model))
 
     def _accumulate(self, batch: TrainBatch, plan: list[list[int]]) -> dict[str, float]:
         """This rank's micro-batches of `plan`, then the loss and metrics summed over ranks.
@@ -123,34 +157,75 @@ class ShardedTrainer(Trainer):
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(self.model, options=options)
 
-    def _saved(self, value: Any) -> Any:
-        """An optimizer state entry as a one-process trainer's checkpoint holds it: a
-        sharded tensor gathered whole (a collective: every rank must call `state_dict`),
-        on the CPU. So a checkpoint resumes on any world size."""
-        return super()._saved(value.full_tensor() if isinstance(value, DTensor) else value)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """A `state_dict` of any world size (1 included): each rank keeps its shard."""
-        optimizer = state["optimizer"]
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        sharded = {
-            index: {key: _shard_like(value, params[index]) for key, value in entry.items()}
-            for index, entry in optimizer["state"].items()
-        }
-        super().load_state_dict({**state, "optimizer": {**optimizer, "state": sharded}})
+@dataclass(frozen=True)
+class Architecture:
+    """What a rank needs of a model to shard it before any weight exists, small enough to
+    send between ranks: its config, dtype, frozen parameters, mode and gradient
+    checkpointing."""
+
+    config: PretrainedConfig
+    dtype: torch.dtype
+    frozen: frozenset[str]
+    checkpointing: bool
+    training: bool
+
+    @classmethod
+    def of(cls, model: PreTrainedModel) -> Architecture:
+        return cls(
+            config=model.config,
+            dtype=next(model.parameters()).dtype,
+            frozen=frozenset(n for n, p in model.named_parameters() if not p.requires_grad),
+            checkpointing=model.is_gradient_checkpointing,
+            training=model.training,
+        )
+
+    def meta_model(self) -> PreTrainedModel:
+        """The model on the meta device: no weight allocated."""
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(self.config, dtype=self.dtype)
+        for name in self.frozen:
+            model.get_parameter(name).requires_grad_(False)
+        if self.checkpointing:
+            kwargs = {"use_reentrant": False}  # as `load_trainable` enables it
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        return model.train(self.training)
 
 
-def _shard_like(value: Any, param: torch.Tensor) -> Any:
-    """This rank's shard of a whole optimizer state entry of `param`, cut as FSDP cut
-    `param`; scalars (Adam's step) whole. Copies, never views: the optimizer updates its
-    state in place, and a state handed between processes may be shared memory (ranks
-    incrementing one shared step would each see the other's steps)."""
-    if not isinstance(value, torch.Tensor):
-        return value
-    if not isinstance(param, DTensor) or value.shape != param.shape:
-        return value.clone()
-    whole = value.to(param.device, copy=True)
-    return distribute_tensor(whole, param.device_mesh, param.placements, src_data_rank=None)
+def _policy(config: TrainerConfig) -> MixedPrecisionPolicy:
+    """FSDP's policy for the decoder layers: `trainer.mixed_precision` for the weights they
+    gather and compute with, float32 for the gradients they reduce."""
+    if config.mixed_precision == "float32":
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def build_sharded(spec: TrainerSpec) -> ShardedTrainer:
+    """This rank's `ShardedTrainer` of `spec`: rank 0 alone loads the model (and the KL
+    reference) and hands the other ranks its config, from which they build meta skeletons;
+    resumed from `spec.checkpoint` when it names one, each rank reading its own shard of
+    the optimizer state."""
+    if spec.config.lora is not None:
+        raise ValueError("LoRA models are not sharded yet: train them with world_size 1")
+    needs_reference = spec.config.algorithm.loss.needs_reference
+    reference = None
+    if dist.get_rank() == 0:
+        model, _ = load_trainable(spec.model, spec.config, spec.checkpoint)
+        if needs_reference:
+            reference = load_model(spec.model, "float32")[0].requires_grad_(False)
+        shapes = [Architecture.of(m) if m is not None else None for m in (model, reference)]
+    else:
+        shapes = [None, None]
+    dist.broadcast_object_list(shapes, src=0)
+    if dist.get_rank() != 0:
+        architecture, of_reference = shapes
+        assert architecture is not None
+        model = architecture.meta_model()
+        reference = None if of_reference is None else of_reference.meta_model()
+    trainer = ShardedTrainer(model, spec.config, spec.optim, spec.total_steps, reference)
+    if spec.checkpoint is not None:
+        resume(trainer, spec.checkpoint)
+    return trainer
 
 
 class RankTrainer:
@@ -159,7 +234,7 @@ class RankTrainer:
 
     def __init__(self, rank: int, spec: TrainerSpec) -> None:
         self.rank = rank
-        self.trainer = build_trainer(ShardedTrainer, spec)
+        self.trainer = build_sharded(spec)
 
     def step(self, batch: TrainBatch) -> TrainStats:
         return self.trainer.step(batch)
@@ -170,11 +245,12 @@ class RankTrainer:
     def save_model(self, folder: Path) -> None:
         self.trainer.save_model(folder)
 
+    def save_optimizer(self, folder: Path) -> None:
+        self.trainer.save_optimizer(folder)
+
     def state_dict(self) -> dict[str, Any] | None:
-        """Every rank gathers (a collective); rank 0 alone answers, as only its answer is
-        kept: a whole optimizer state sent back by every rank would be W times the bytes."""
-        state = self.trainer.state_dict()
-        return state if self.rank == 0 else None
+        """Rank 0's alone: the only one kept."""
+        return self.trainer.state_dict() if self.rank == 0 else None
 
 
 class TrainerRanks:
@@ -192,6 +268,9 @@ class TrainerRanks:
 
     def save_model(self, folder: Path) -> None:
         self.ranks.call("save_model", folder)
+
+    def save_optimizer(self, folder: Path) -> None:
+        self.ranks.call("save_optimizer", folder)
 
     def state_dict(self) -> dict[str, Any]:
         return self.ranks.call("state_dict")[0]

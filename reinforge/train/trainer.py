@@ -9,20 +9,28 @@ rollouts never reach it: `select_for_training` leaves them out.
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 import torch
+import torch.distributed.checkpoint as dcp
 from pydantic import ConfigDict
 from safetensors.torch import save_file
 from torch import Tensor
+from torch.distributed.checkpoint.state_dict import (
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
 from transformers import PreTrainedModel
 
 from reinforge.policy.config import ModelConfig
 from reinforge.policy.models import load_model, resolve_device
 from reinforge.train.batching import TrainBatch, micro_batches
-from reinforge.train.checkpoints import load_trainer_state
+from reinforge.train.checkpoints import OPTIMIZER, load_trainer_state
 from reinforge.train.config import OptimConfig, TrainerConfig
 from reinforge.train.distill import DistillConfig
 from reinforge.train.logprobs import SelectiveLogprobs
@@ -146,6 +154,8 @@ class PolicyTrainer(Protocol):
 
     def save_model(self, folder: Path) -> None: ...
 
+    def save_optimizer(self, folder: Path) -> None: ...
+
     def state_dict(self) -> dict[str, Any]: ...
 
     def close(self) -> None: ...
@@ -160,6 +170,9 @@ class Trainer:
     computes where `model` is (`build_trainer` puts it and the reference on `model.device`)
     and moves each batch there.
     """
+
+    sharded: ClassVar[bool] = False
+    """Whether it is one rank of several, which save and load the optimizer state together."""
 
     def __init__(
         self,
@@ -306,28 +319,38 @@ class Trainer:
     def close(self) -> None:
         """Nothing to release in one process; a trainer over ranks stops them here."""
 
-    def state_dict(self) -> dict[str, Any]:
-        """What resuming needs besides the weights: optimizer, schedule and RNG state."""
-        optimizer = self.optimizer.state_dict()
-        saved = {
-            index: {key: self._saved(value) for key, value in entry.items()}
-            for index, entry in optimizer["state"].items()
-        }
-        return {
-            "optimizer": {**optimizer, "state": saved},
-            "scheduler": self.scheduler.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-        }
+    def save_optimizer(self, folder: Path) -> None:
+        """The optimizer state in `folder`, a torch.distributed.checkpoint keyed by parameter
+        name: a sharded trainer's ranks each write their own shard (every rank must call it)
+        and a trainer of any world size loads it, each taking its own shard of the saved
+        tensors (`load_optimizer`)."""
+        state = get_optimizer_state_dict(self.model, self.optimizer)
+        with _one_process_quiet():
+            dcp.save({"optimizer": state}, checkpoint_id=folder, no_dist=not self.sharded)
 
-    def _saved(self, value: Any) -> Any:
-        """An optimizer state entry as a checkpoint holds it: on the CPU, so that it loads
-        on any machine (the optimizer moves it to its parameter's device on loading)."""
-        return value.cpu() if isinstance(value, Tensor) else value
+    def load_optimizer(self, folder: Path) -> None:
+        """The optimizer state `save_optimizer` wrote, by a trainer of any world size."""
+        state = {"optimizer": get_optimizer_state_dict(self.model, self.optimizer)}
+        with _one_process_quiet():
+            dcp.load(state, checkpoint_id=folder, no_dist=not self.sharded)
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+
+    def state_dict(self) -> dict[str, Any]:
+        """What resuming needs besides the weights and the optimizer state: schedule and RNG
+        state."""
+        return {"scheduler": self.scheduler.state_dict(), "torch_rng": torch.get_rng_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["torch_rng"])
+
+
+@contextmanager
+def _one_process_quiet() -> Iterator[None]:
+    """Without its warning that no process group exists: one process is meant."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 AnyTrainer = TypeVar("AnyTrainer", bound=Trainer)
@@ -361,8 +384,15 @@ def build_trainer(kind: type[AnyTrainer], spec: TrainerSpec) -> AnyTrainer:
         reference = load_model(spec.model, "float32")[0].requires_grad_(False).to(device)
     trainer = kind(model.to(device), spec.config, spec.optim, spec.total_steps, reference)
     if spec.checkpoint is not None:
-        trainer.load_state_dict(load_trainer_state(spec.checkpoint))
+        resume(trainer, spec.checkpoint)
     return trainer
+
+
+def resume(trainer: Trainer, checkpoint: Path) -> None:
+    """`trainer` as `checkpoint` left it: optimizer, schedule and RNG state (its weights are
+    the ones it was built from)."""
+    trainer.load_optimizer(checkpoint / OPTIMIZER)
+    trainer.load_state_dict(load_trainer_state(checkpoint))
 
 
 def _schedule(optim: OptimConfig, total_steps: int):  # noqa: ANN202 - a LambdaLR factor
