@@ -20,7 +20,7 @@ from reinforge.policy.config import SamplingConfig
 from reinforge.policy.models import load_model, load_tokenizer
 from reinforge.rollout.config import RolloutConfig
 from reinforge.rollout.generator import generate_groups
-from reinforge.train.checkpoints import latest_checkpoint, write_checkpoint
+from reinforge.train.checkpoints import latest_checkpoint, resume_from, write_checkpoint
 from reinforge.train.config import TrainerConfig
 from reinforge.train.trainer import Trainer, select_for_training
 from reinforge.types import Group, Status, Task, Trajectory
@@ -103,6 +103,16 @@ def test_a_checkpoint_missing_an_optimizer_shard_is_refused(tmp_path):
     with pytest.raises(UsageError, match=r"optimizer shards __0_0\.distcp were written elsewhere"):
         write_checkpoint(tmp_path, 1, lambda folder: None, elsewhere, tokenizer, {"step": 1})
     assert latest_checkpoint(tmp_path) is None
+
+
+def test_a_checkpoint_of_the_optimizer_state_kept_whole_is_refused_in_one_line(tmp_path):
+    """An earlier layout kept the optimizer state in trainer_state.pt: resuming from it
+    says so and what to do, rather than a traceback of the loader."""
+    old = tmp_path / "checkpoints" / "step_00002"
+    old.mkdir(parents=True)
+    torch.save({"step": 2, "optimizer": {}}, old / "trainer_state.pt")
+    with pytest.raises(UsageError, match=r"step_00002 has no optimizer/: an earlier reinforge"):
+        resume_from(tmp_path)
 
 
 def test_zero_variance_groups_are_counted_and_errored_rollouts_left_out():

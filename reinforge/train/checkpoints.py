@@ -92,6 +92,12 @@ def resume_from(run_dir: Path) -> Path | None:
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:
         log.warning("no checkpoint in %s: the run starts from step 0", run_dir)
+    elif not (checkpoint / OPTIMIZER).is_dir():
+        raise UsageError(
+            f"{checkpoint} has no {OPTIMIZER}/: an earlier reinforge wrote it, keeping the "
+            f"optimizer state in {TRAINER_STATE}; resume it with that version, or start a "
+            f"new run from its weights (model.name={checkpoint})"
+        )
     return checkpoint
 
 
