@@ -4,16 +4,14 @@
 
 from __future__ import annotations
 
-import tempfile
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors.torch import load_file
 
 from reinforge.orchestrate.weight_sync import EngineGone, EngineLinks, check_versions
 from reinforge.policy.weight_buckets import Bucket, pack, total_bytes
+from reinforge.train.sharded import TrainerRanks
 from reinforge.train.trainable import full_weights
 from reinforge.train.trainer import PolicyTrainer, Trainer
 
@@ -59,12 +57,10 @@ class ObjectStorePush(EngineLinks):
 
 
 def _packed(trainer: PolicyTrainer, dtype: torch.dtype) -> list[Bucket]:
-    """The trainer's complete weights (LoRA merged) in buckets. A sharded trainer's come
-    through the file its rank 0 writes on the run's node."""
+    """The trainer's complete weights (LoRA merged) in buckets. A sharded trainer's are
+    sent by its rank 0, wherever it runs."""
     if isinstance(trainer, Trainer):
         with full_weights(trainer.model) as weights:
             return pack(weights, dtype)
-    with tempfile.TemporaryDirectory(prefix="reinforge-weights-") as folder:
-        path = Path(folder) / "weights.safetensors"
-        trainer.write_weights(path)
-        return pack(load_file(path), dtype)
+    assert isinstance(trainer, TrainerRanks)
+    return pack(trainer.weights(), dtype)

@@ -13,13 +13,18 @@ the step is that of one process, to float rounding in the order of the sums. Pin
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
@@ -27,6 +32,7 @@ from transformers import PreTrainedModel
 
 from reinforge.policy.models import quiet_progress, resolve_device
 from reinforge.train.batching import TrainBatch
+from reinforge.train.checkpoints import load_model_weights, load_trainer_state
 from reinforge.train.config import OptimConfig, TrainerConfig
 from reinforge.train.logprobs import SelectiveLogprobs
 from reinforge.train.ranks import Ranks
@@ -113,11 +119,31 @@ class ShardedTrainer(Trainer):
     def write_weights(self, path: Path) -> None:
         """The complete weights as one safetensors file for the engines, gathered to rank 0
         and written by it alone, under the names a one-process trainer writes them."""
-        weights = self._gathered()
-        if self.rank == 0:
-            names = [name for name, _ in self.model.named_parameters()]  # no tied duplicate
-            save_file({name: weights[name].contiguous() for name in names}, path)
+        weights = self.weights()
+        if weights is not None:
+            save_file(weights, path)
         dist.barrier()
+
+    def weights(self) -> dict[str, torch.Tensor] | None:
+        """The complete weights on the CPU, under the names a one-process trainer writes
+        them, on rank 0; None on the others. Every rank must call it (a gather)."""
+        weights = self._gathered()
+        if self.rank != 0:
+            return None
+        names = [name for name, _ in self.model.named_parameters()]  # no tied duplicate
+        return {name: weights[name].contiguous() for name in names}
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Complete weights (a checkpoint's, which may lack a tied duplicate), each rank
+        keeping its shard; every rank must call it with the same weights."""
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        missing, unexpected = set_model_state_dict(self.model, weights, options=options)
+        tied = {name for name in missing if name not in dict(self.model.named_parameters())}
+        if set(missing) - tied or unexpected:
+            raise ValueError(
+                f"the weights do not fit the model: missing {sorted(set(missing) - tied)}, "
+                f"unexpected {sorted(unexpected)}"
+            )
 
     def _gathered(self) -> dict[str, Any]:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -167,8 +193,29 @@ class RankTrainer:
     def write_weights(self, path: Path) -> None:
         self.trainer.write_weights(path)
 
+    def weights(self) -> dict[str, torch.Tensor] | None:
+        return self.trainer.weights()
+
     def save_model(self, folder: Path) -> None:
         self.trainer.save_model(folder)
+
+    def model_files(self) -> dict[str, bytes] | None:
+        """The checkpoint's model as `save_model` writes it, written by rank 0 in a folder
+        of its own node and sent back as bytes (by their paths in the folder); None on the
+        other ranks. For a rank 0 that may not see the driver's files."""
+        with tempfile.TemporaryDirectory(prefix="reinforge-model-") as name:
+            folder = Path(name)
+            self.trainer.save_model(folder)
+            if self.rank != 0:
+                return None
+            files = (path for path in folder.rglob("*") if path.is_file())
+            return {str(path.relative_to(folder)): path.read_bytes() for path in files}
+
+    def resume(self, weights: dict[str, torch.Tensor], state: dict[str, Any]) -> None:
+        """A checkpoint's weights and trainer state, read by the driver and sent by value:
+        a rank need not see the run directory."""
+        self.trainer.load_weights(weights)
+        self.trainer.load_state_dict(state)
 
     def state_dict(self) -> dict[str, Any] | None:
         """Every rank gathers (a collective); rank 0 alone answers, as only its answer is
@@ -179,7 +226,12 @@ class RankTrainer:
 
 class TrainerRanks:
     """A sharded trainer, driven from the run's process: each call runs on every rank (a
-    round of collectives) and answers with rank 0's result, which is the whole batch's."""
+    round of collectives) and answers with rank 0's result, which is the whole batch's.
+
+    Files of the driver's node (the engines' weights file, a checkpoint) are written by
+    rank 0 by their paths when it runs on the driver's node, else it sends their contents
+    and the driver writes them; a checkpoint to resume from is read by the driver and sent
+    to every rank. So ranks on other machines need no storage shared with the driver."""
 
     def __init__(self, ranks: Ranks) -> None:
         self.ranks = ranks
@@ -188,10 +240,26 @@ class TrainerRanks:
         return self.ranks.call("step", batch)[0]
 
     def write_weights(self, path: Path) -> None:
-        self.ranks.call("write_weights", path)
+        if self.ranks.rank0_here:
+            self.ranks.call("write_weights", path)
+        else:
+            save_file(self.weights(), path)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The complete weights, sent by rank 0."""
+        return self.ranks.call("weights")[0]
 
     def save_model(self, folder: Path) -> None:
-        self.ranks.call("save_model", folder)
+        if self.ranks.rank0_here:
+            self.ranks.call("save_model", folder)
+            return
+        for name, content in self.ranks.call("model_files")[0].items():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_bytes(content)
+
+    def resume(self, checkpoint: Path) -> None:
+        """Every rank takes `checkpoint`'s weights and trainer state, read here once."""
+        self.ranks.call("resume", load_model_weights(checkpoint), load_trainer_state(checkpoint))
 
     def state_dict(self) -> dict[str, Any]:
         return self.ranks.call("state_dict")[0]

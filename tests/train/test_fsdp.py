@@ -11,14 +11,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from reinforge.policy.models import load_model
 from reinforge.train.algorithm import AlgorithmConfig, PPOClipLoss, SequenceMean, TruncatedIS
 from reinforge.train.batching import TrainBatch, micro_batches
+from reinforge.train.checkpoints import TRAINER_STATE
 from reinforge.train.config import OptimConfig, TrainerConfig
 from reinforge.train.ranks import LocalRanks, RankFailed, run_on_ranks
-from reinforge.train.sharded import RankTrainer, ShardedTrainer
+from reinforge.train.sharded import RankTrainer, ShardedTrainer, TrainerRanks
 from reinforge.train.trainer import Trainer, TrainerSpec
 from reinforge.types import Trajectory
 
@@ -206,3 +208,49 @@ def test_only_rank_0_sends_the_optimizer_state_back():
     moments = [entry["exp_avg"] for entry in zero["optimizer"]["state"].values()]
     parameters = load_model("tiny-random")[0].parameters()
     assert sorted(m.numel() for m in moments) == sorted(p.numel() for p in parameters)  # whole
+
+
+class _Elsewhere(LocalRanks):
+    """Ranks whose rank 0 is taken for one off the driver's node, as a Ray actor may be:
+    the files it writes for the driver must come back by value."""
+
+    rank0_here = False
+
+
+def test_a_rank_0_off_the_drivers_node_sends_what_it_writes_and_resumes_by_value(tmp_path):
+    """Weights and a checkpoint's model sent back by rank 0 are the files it writes by
+    path; a checkpoint the driver reads and sends resumes the ranks where they were."""
+    config = TrainerConfig(world_size=2, collective_timeout_s=120)
+    spec = TrainerSpec("tiny-random", config, OPTIM, total_steps=3)
+    batch = _batch()
+    here = TrainerRanks(LocalRanks(config, RankTrainer, spec))
+    try:
+        here.step(batch)
+        here.save_model(tmp_path / "here")
+        here.write_weights(tmp_path / "here.safetensors")
+    finally:
+        here.close()
+    there = TrainerRanks(_Elsewhere(config, RankTrainer, spec))
+    try:
+        there.step(batch)
+        there.save_model(tmp_path / "there")
+        there.write_weights(tmp_path / "there.safetensors")
+        torch.save(there.state_dict(), tmp_path / "there" / TRAINER_STATE)
+        expected = there.step(batch)
+    finally:
+        there.close()
+    files = sorted(path.name for path in (tmp_path / "here").iterdir())
+    assert sorted([*files, TRAINER_STATE]) == sorted(p.name for p in (tmp_path / "there").iterdir())
+    for name in files:
+        assert (tmp_path / "here" / name).read_bytes() == (tmp_path / "there" / name).read_bytes()
+    weights = load_file(tmp_path / "here.safetensors")
+    assert weights.keys() == load_file(tmp_path / "there.safetensors").keys()
+    for name, tensor in load_file(tmp_path / "there.safetensors").items():
+        torch.testing.assert_close(tensor, weights[name], rtol=0, atol=0)
+
+    resumed = TrainerRanks(_Elsewhere(config, RankTrainer, spec))
+    try:
+        resumed.resume(tmp_path / "there")
+        assert resumed.step(batch).model_dump() == pytest.approx(expected.model_dump())
+    finally:
+        resumed.close()
