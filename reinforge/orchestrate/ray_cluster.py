@@ -398,8 +398,9 @@ class RayEngines:
     async def returncode(self, index: int) -> int | None:
         """Asked without blocking the loop that runs every rollout."""
         answer = asyncio.wrap_future(self._actors[index].returncode.remote().future())
-        try:
-            return await asyncio.wait_for(answer, ANSWER_S)
+        try:  # not `wait_for`: on Python 3.11 it swallows a cancel that meets the answer
+            async with asyncio.timeout(ANSWER_S):
+                return await answer
         except (TimeoutError, RayActorError):
             return -1  # its actor is gone (or hung): the engine with it
 
