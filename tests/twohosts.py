@@ -3,7 +3,8 @@ run's processes on a host that is not the driver's and see what crosses between 
 
 Host A is the head node, started at 127.0.0.1 (which Ray replaces by this machine's own
 address) and offering the custom resource `host_a`; host B joins it at 127.0.0.2 offering
-`host_b`. Each node has its own temp dir and ports. Where the
+`host_b`. Each also offers one `rank_slot`, so that processes asking for one each (trainer
+ranks) go one to a host. Each node has its own temp dir and ports. Where the
 machine allows it (root, and `unshare -m` works), each node also runs in a mount namespace
 of its own with a fresh tmpfs on /dev/shm: a file one host writes in its /dev/shm is not
 there for the other, as on two machines, and a weight file handed over by its path
@@ -51,6 +52,18 @@ class Host:
     def shm(self) -> Path:
         """The host's /dev/shm, as its own processes see it."""
         return Path(f"/proc/{self.process.pid}/root/dev/shm")
+
+    def processes(self, title: str) -> set[int]:
+        """The host's live processes whose command line holds `title` (a Ray worker's
+        holds its actor's class: `ray::RankActor`)."""
+        found = set()
+        for pid in _session(self.process.pid):
+            try:
+                if title.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    found.add(pid)
+            except OSError:
+                continue  # it exited meanwhile
+        return found
 
 
 @dataclass
@@ -104,7 +117,7 @@ def _start(ip: str, resource: str, role: list[str], temp: Path, isolated: bool) 
     temp.mkdir(parents=True)
     (agent_port,) = free_ports(1)
     argv = [*RAY, "start", "--block", *role, f"--node-ip-address={ip}",
-            f"--resources={{\"{resource}\": 100}}", "--num-cpus=4",
+            f"--resources={{\"{resource}\": 100, \"rank_slot\": 1}}", "--num-cpus=4",
             "--object-store-memory=200000000", f"--temp-dir={temp}",
             f"--dashboard-agent-listen-port={agent_port}", "--disable-usage-stats"]  # fmt: skip
     if isolated:  # its own /dev/shm: a fresh tmpfs in a mount namespace of its own
