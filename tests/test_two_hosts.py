@@ -186,7 +186,7 @@ def test_an_engine_killed_on_host_b_comes_back_and_catches_up_from_the_object_st
         folder = tmp_path / "r"
         _stepped(run, folder)
         logs = _engine_logs(hosts.b, 0, folder)  # of this run: the one its engine holds
-        (engine,) = {pid for log in logs for pid in holding(log)} & set(hosts.b.processes())
+        (engine,) = {pid for log in logs for pid in holding(log)} & hosts.b.processes()
         os.kill(engine, signal.SIGKILL)
         copy = folder / "engines" / "engine-0.log"
         port = _port(copy)
@@ -247,3 +247,103 @@ def test_losing_host_b_ends_the_run_in_one_line(tmp_path):
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("reinforge train: error: engine "), stderr[-3000:]
     assert "(is its node up?)" in last, stderr[-3000:]
+
+
+def _watching_ranks(hosts: TwoHosts, argv: list[str], logs: Path) -> tuple[int, str, set[str]]:
+    """`argv` run on host A to its end: its exit code, its stderr, and the hosts ("a",
+    "b") on which a trainer rank's actor was seen running meanwhile."""
+    seen: set[str] = set()
+    with (logs / "out.log").open("w") as out, (logs / "err.log").open("w") as err:
+        process = subprocess.Popen(hosts.on_a(argv), cwd=ROOT, stdout=out, stderr=err)
+        deadline = time.monotonic() + 1500
+        while process.poll() is None and time.monotonic() < deadline:
+            seen |= {name for name, host in (("a", hosts.a), ("b", hosts.b))
+                     if host.processes("RankActor")}  # fmt: skip
+            time.sleep(0.5)
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+    return process.returncode, (logs / "err.log").read_text(), seen
+
+
+def _why(err: str, run: Path) -> str:
+    """A failed run's stderr, and its first engine's log."""
+    log = run / "engines" / "engine-0.log"
+    return err[-3000:] + (log.read_text()[-3000:] if log.exists() else "")
+
+
+@pytest.mark.timeout(1800)
+def test_trainer_ranks_on_host_b_train_checkpoint_and_resume_without_the_run_directory(
+    hosts, tmp_path
+):
+    """Both ranks of a sharded trainer pinned to host B, the driver and its engine on host
+    A, the run directory in host A's own memory where host B cannot see it: rank 0 sends
+    the weights and each checkpoint's model to the driver, which writes them, and on
+    `--resume` the driver reads the checkpoint and sends it to the ranks, which go on from
+    it: the engine samples step 3 with the step-2 checkpoint's weights."""
+    name = f"rf-ranks-{os.getpid()}"
+    run_dir = Path("/dev/shm", name) if hosts.isolated else tmp_path / name
+    # as this process sees it; host A's /dev/shm goes with the fixture
+    seen_at = hosts.a.shm / name if hosts.isolated else run_dir
+    common = [
+        "run.checkpoint_every=1",
+        "cluster.backend=ray",
+        f'cluster.address="{hosts.address}"',
+        "trainer.world_size=2",
+        "cluster.rank.custom={host_b=1}",
+        "engines.kind=spawned",
+        "engines.count=1",
+        "engines.resources.custom={host_a=1}",  # the file transport: the driver's node
+    ]
+    code, err, seen = _watching_ranks(hosts, tiny_train(run_dir, "run.steps=2", *common), tmp_path)
+    assert code == 0, _why(err, seen_at / "r")
+    assert seen == {"b"}
+    code, err, seen = _watching_ranks(
+        hosts, tiny_train(run_dir, "run.steps=3", *common, "--resume"), tmp_path
+    )
+    assert code == 0, _why(err, seen_at / "r")
+    assert seen == {"b"}
+
+    run = seen_at / "r"
+    assert [row["policy_version"] for row in _rows(run)] == [1, 2, 3]
+    model = AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_00002")
+    lines = (run / "trajectories" / "step_00003.jsonl").read_text().splitlines()
+    assert lines
+    for trajectory in map(json.loads, lines):  # the resumed ranks' first push
+        assert set(trajectory["policy_versions"]) == {2}
+        _assert_sampled_by(trajectory, model)
+    AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_00003")
+
+    if not hosts.isolated:
+        pytest.skip("this machine gives its nodes no /dev/shm of their own (needs root)")
+    assert not (hosts.b.shm / name).exists()  # nothing was written by its path on B
+
+
+@pytest.mark.timeout(1800)
+def test_a_rank_on_each_host_trains_as_one_trainer(hosts, tmp_path):
+    """Two ranks, one per host (each asks for the one `rank_slot` a host offers), their
+    collectives across the hosts; the engine on host B takes rank 0's weights, wherever
+    rank 0 runs, through the object store: step 2 samples the step-1 checkpoint."""
+    argv = tiny_train(
+        tmp_path,
+        "run.checkpoint_every=1",
+        "cluster.backend=ray",
+        f'cluster.address="{hosts.address}"',
+        "trainer.world_size=2",
+        "cluster.rank.custom={rank_slot=1}",
+        "engines.kind=spawned",
+        "engines.count=1",
+        "engines.resources.custom={host_b=1}",
+        "engines.weight_sync=object_store",
+    )
+    code, err, seen = _watching_ranks(hosts, argv, tmp_path)
+    assert code == 0, _why(err, tmp_path / "r")
+    assert seen == {"a", "b"}
+    run = tmp_path / "r"
+    assert [row["policy_version"] for row in _rows(run)] == [1, 2]
+    model = AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_00001")
+    lines = (run / "trajectories" / "step_00002.jsonl").read_text().splitlines()
+    assert lines
+    for trajectory in map(json.loads, lines):
+        assert set(trajectory["policy_versions"]) == {1}
+        _assert_sampled_by(trajectory, model)

@@ -3,8 +3,9 @@ run's processes on a host that is not the driver's and see what crosses between 
 
 Host A is the head node, started at 127.0.0.1 (which Ray replaces by this machine's own
 address) and offering the custom resource `host_a`; host B joins it at 127.0.0.2 offering
-`host_b`. Each node has its own Ray temp dir, ports and temp folder (`TMPDIR` of every
-process it starts). Where the
+`host_b`. Each also offers one `rank_slot`, so that processes asking for one each (trainer
+ranks) go one to a host. Each node has its own Ray temp dir, ports and temp folder
+(`TMPDIR` of every process it starts). Where the
 machine allows it (root, and `unshare -m` works), each node also runs in a mount namespace
 of its own with a fresh tmpfs on /dev/shm: a file one host writes in its /dev/shm is not
 there for the other, as on two machines, and a weight file handed over by its path
@@ -59,9 +60,17 @@ class Host:
         stays on the host."""
         return self.temp / "tmp"
 
-    def processes(self) -> list[int]:
-        """Every live process of the host: its Ray node's, and what they started."""
-        return _session(self.process.pid)
+    def processes(self, title: str = "") -> set[int]:
+        """The host's live processes (its Ray node's, and what they started) whose command
+        line holds `title` (a Ray worker's holds its actor's class: `ray::RankActor`)."""
+        found = set()
+        for pid in _session(self.process.pid):
+            try:
+                if title.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    found.add(pid)
+            except OSError:
+                continue  # it exited meanwhile
+        return found
 
     def kill(self) -> None:
         """SIGKILL to every process of the host, at once: the machine lost, as by a power
@@ -124,7 +133,7 @@ def _start(ip: str, resource: str, role: list[str], temp: Path, isolated: bool) 
     (temp / "tmp").mkdir(parents=True)
     (agent_port,) = free_ports(1)
     argv = [*RAY, "start", "--block", *role, f"--node-ip-address={ip}",
-            f"--resources={{\"{resource}\": 100}}", "--num-cpus=4",
+            f"--resources={{\"{resource}\": 100, \"rank_slot\": 1}}", "--num-cpus=4",
             "--object-store-memory=200000000", f"--temp-dir={temp}",
             f"--dashboard-agent-listen-port={agent_port}", "--disable-usage-stats"]  # fmt: skip
     if isolated:  # its own /dev/shm: a fresh tmpfs in a mount namespace of its own

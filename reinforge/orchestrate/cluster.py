@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -66,6 +67,14 @@ def open_trainer(
     spec = TrainerSpec(
         config.model.name, trainer, config.optim, config.run.steps, checkpoint, config.model.device
     )
-    if trainer.world_size > 1:
-        return TrainerRanks(cluster.ranks(trainer, RankTrainer, spec))
-    return build_trainer(Trainer, spec)
+    if trainer.world_size == 1:
+        return build_trainer(Trainer, spec)
+    # resumed once the ranks are up, which says whether they see the run directory
+    ranks = TrainerRanks(cluster.ranks(trainer, RankTrainer, replace(spec, checkpoint=None)))
+    if checkpoint is not None:
+        try:
+            ranks.resume(checkpoint)
+        except BaseException:
+            ranks.close()
+            raise
+    return ranks

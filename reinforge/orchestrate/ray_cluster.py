@@ -13,9 +13,9 @@ kind (packed: a rank's collectives and an engine's weight loads stay on few node
 - **Whose node.** `POST /v1/weights` takes weights from the engine's own machine only: by
   the default transport (`file`) the engines load a file of the run's node, so they must
   run there; with `object_store` each actor posts to its engine from its own node, so
-  engines go wherever they are placed (`engines.resources.custom` pins them). A sharded
-  trainer's rank 0 writes the weights to a file of the driver's node either way, so it
-  runs there. A placement that breaks this is refused in one line.
+  engines go wherever they are placed (`engines.resources.custom` pins them); a placement
+  that breaks this is refused in one line. Trainer ranks go anywhere: a rank 0 off the
+  driver's node sends the weights and checkpoints it writes by value (`TrainerRanks`).
 
 A run that names no `cluster.address` starts a cluster of this machine for itself and
 stops it at the end, so nothing of Ray stays behind; one that joins a cluster leaves it
@@ -106,9 +106,9 @@ class RayCluster:
             ray.shutdown()
             raise UsageError(hidden)
         self.node = _node()
-        """The run's own node: where rank 0 writes the weights to a file, which the
-        engines of the `file` transport load. By Ray's node id: two nodes of one machine
-        may share an IP address."""
+        """The run's own node, whose files the engines of the `file` transport load and
+        whose files a rank 0 there writes by path. By Ray's node id: two nodes of one
+        machine may share an IP address."""
 
     def ranks(self, config: TrainerConfig, factory: Any, *args: Any) -> RayRanks:
         return RayRanks(self, config, factory, args)
@@ -222,11 +222,8 @@ class RayRanks:
         actor = ray.remote(RankActor)
         self._actors = [actor.options(**option).remote() for option in options]
         try:
-            cluster.require_here(
-                _ask(self._actors[0].node, "trainer rank 0"),
-                "trainer rank 0",
-                "rank 0 writes the weights to a file of the run's node",
-            )
+            nodes = {_ask(a.node, f"trainer rank {r}") for r, a in enumerate(self._actors)}
+            self.here = nodes == {cluster.node}
             init_method = _ask(self._actors[0].rendezvous, "trainer rank 0")
             self._wait(
                 [
@@ -429,8 +426,9 @@ class RayEngines:
     async def returncode(self, index: int) -> int | None:
         """Asked without blocking the loop that runs every rollout."""
         answer = asyncio.wrap_future(self._actors[index].returncode.remote().future())
-        try:
-            return await asyncio.wait_for(answer, ANSWER_S)
+        try:  # not `wait_for`: on Python 3.11 it swallows a cancel that meets the answer
+            async with asyncio.timeout(ANSWER_S):
+                return await answer
         except (TimeoutError, RayActorError):
             return -1  # its actor is gone (or hung): the engine with it
 

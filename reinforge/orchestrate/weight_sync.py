@@ -41,12 +41,12 @@ from typing import Any, Protocol
 
 import httpx
 import torch
-from safetensors.torch import load_file
 
 from reinforge.errors import UsageError
 from reinforge.policy.backends import SamplingEngine
 from reinforge.policy.engine import Engine
 from reinforge.policy.weight_buckets import Bucket, pack
+from reinforge.train.sharded import TrainerRanks
 from reinforge.train.trainable import full_weights
 from reinforge.train.trainer import PolicyTrainer, Trainer
 
@@ -300,11 +300,9 @@ def post_to_engine(
 
 def packed_weights(trainer: PolicyTrainer, dtype: torch.dtype) -> list[Bucket]:
     """The trainer's complete weights (LoRA merged) in buckets, cast to `dtype`. A sharded
-    trainer's come through the file its rank 0 writes on the run's node."""
+    trainer's are sent by its rank 0, wherever it runs."""
     if isinstance(trainer, Trainer):
         with full_weights(trainer.model) as weights:
             return pack(weights, dtype)
-    with tempfile.TemporaryDirectory(prefix="reinforge-weights-") as folder:
-        path = Path(folder) / "weights.safetensors"
-        trainer.write_weights(path)
-        return pack(load_file(path), dtype)
+    assert isinstance(trainer, TrainerRanks)
+    return pack(trainer.weights(), dtype)

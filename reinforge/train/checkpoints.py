@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import torch
+from safetensors.torch import load_file
 from torch.distributed.checkpoint import FileSystemReader
 from transformers import PreTrainedTokenizerBase
 
@@ -103,6 +104,15 @@ def resume_from(run_dir: Path) -> Path | None:
 
 def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
     return torch.load(checkpoint / TRAINER_STATE, weights_only=False)
+
+
+def load_model_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's model weights, from its safetensors files (one, or the shards of a
+    large model), by name."""
+    weights: dict[str, torch.Tensor] = {}
+    for path in sorted(checkpoint.glob("*.safetensors")):
+        weights.update(load_file(path))
+    return weights
 
 
 def load_progress(checkpoint: Path) -> dict[str, Any]:

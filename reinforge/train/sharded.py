@@ -13,6 +13,7 @@ the step is that of one process, to float rounding in the order of the sums. Pin
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from reinforge.policy.models import load_model, quiet_progress, resolve_device
 from reinforge.train.batching import TrainBatch
+from reinforge.train.checkpoints import load_model_weights
 from reinforge.train.config import OptimConfig, TrainerConfig
 from reinforge.train.logprobs import SelectiveLogprobs
 from reinforge.train.ranks import Ranks
@@ -147,11 +149,32 @@ class ShardedTrainer(Trainer):
     def write_weights(self, path: Path) -> None:
         """The complete weights as one safetensors file for the engines, gathered to rank 0
         and written by it alone, under the names a one-process trainer writes them."""
-        weights = self._gathered()
-        if self.rank == 0:
-            names = [name for name, _ in self.model.named_parameters()]  # no tied duplicate
-            save_file({name: weights[name].contiguous() for name in names}, path)
+        weights = self.weights()
+        if weights is not None:
+            save_file(weights, path)
         dist.barrier()
+
+    def weights(self) -> dict[str, torch.Tensor] | None:
+        """The complete weights on the CPU, under the names a one-process trainer writes
+        them, on rank 0; None on the others. Every rank must call it (a gather)."""
+        weights = self._gathered()
+        if self.rank != 0:
+            return None
+        names = [name for name, _ in self.model.named_parameters()]  # no tied duplicate
+        return {name: weights[name].contiguous() for name in names}
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        """Complete weights (a checkpoint's, which may lack a tied duplicate) given to rank
+        0 and broadcast, each rank keeping its shard; every rank must call it (the others
+        with none)."""
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+        missing, unexpected = set_model_state_dict(self.model, weights, options=options)
+        tied = {name for name in missing if name not in dict(self.model.named_parameters())}
+        if set(missing) - tied or unexpected:
+            raise ValueError(
+                f"the weights do not fit the model: missing {sorted(set(missing) - tied)}, "
+                f"unexpected {sorted(unexpected)}"
+            )
 
     def _gathered(self) -> dict[str, Any]:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -242,11 +265,41 @@ class RankTrainer:
     def write_weights(self, path: Path) -> None:
         self.trainer.write_weights(path)
 
+    def weights(self) -> dict[str, torch.Tensor] | None:
+        return self.trainer.weights()
+
     def save_model(self, folder: Path) -> None:
         self.trainer.save_model(folder)
 
     def save_optimizer(self, folder: Path) -> None:
         self.trainer.save_optimizer(folder)
+
+    def model_files(self) -> dict[str, bytes] | None:
+        """The checkpoint's model as `save_model` writes it, written by rank 0 in a folder
+        of its own node and sent back; None on the other ranks."""
+        with tempfile.TemporaryDirectory(prefix="reinforge-model-") as name:
+            self.trainer.save_model(Path(name))
+            return read_files(Path(name)) if self.rank == 0 else None
+
+    def optimizer_files(self) -> dict[str, bytes]:
+        """This rank's shard of the optimizer state (rank 0's with the metadata), written
+        in a folder of its own node and sent back."""
+        with tempfile.TemporaryDirectory(prefix="reinforge-optimizer-") as name:
+            self.trainer.save_optimizer(Path(name))
+            return read_files(Path(name))
+
+    def resume(self, checkpoint: Path) -> None:
+        """The trainer as `checkpoint` left it: rank 0 reads the weights and broadcasts
+        them, each rank reads its part of the optimizer state."""
+        self.trainer.load_weights(load_model_weights(checkpoint) if self.rank == 0 else {})
+        resume(self.trainer, checkpoint)
+
+    def resume_from_files(self, files: dict[str, bytes]) -> None:
+        """`resume` from a checkpoint's files, sent by the driver: a rank need not see the
+        run directory."""
+        with tempfile.TemporaryDirectory(prefix="reinforge-checkpoint-") as name:
+            write_files(Path(name), files)
+            self.resume(Path(name))
 
     def state_dict(self) -> dict[str, Any] | None:
         """Rank 0's alone: the only one kept."""
@@ -255,7 +308,14 @@ class RankTrainer:
 
 class TrainerRanks:
     """A sharded trainer, driven from the run's process: each call runs on every rank (a
-    round of collectives) and answers with rank 0's result, which is the whole batch's."""
+    round of collectives) and answers with rank 0's result, which is the whole batch's.
+
+    Where every rank runs on the driver's node (`Ranks.here`), the ranks read and write the
+    driver's files by their paths (the engines' weights file, a checkpoint). Elsewhere they
+    send what they write (rank 0 the weights and the model, each rank its shard of the
+    optimizer state) and the driver writes it, and a checkpoint to resume from is read by
+    the driver and sent to every rank: ranks on other machines need no storage shared with
+    the driver."""
 
     def __init__(self, ranks: Ranks) -> None:
         self.ranks = ranks
@@ -264,16 +324,50 @@ class TrainerRanks:
         return self.ranks.call("step", batch)[0]
 
     def write_weights(self, path: Path) -> None:
-        self.ranks.call("write_weights", path)
+        if self.ranks.here:
+            self.ranks.call("write_weights", path)
+        else:
+            save_file(self.weights(), path)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The complete weights, sent by rank 0."""
+        return self.ranks.call("weights")[0]
 
     def save_model(self, folder: Path) -> None:
-        self.ranks.call("save_model", folder)
+        if self.ranks.here:
+            self.ranks.call("save_model", folder)
+        else:
+            write_files(folder, self.ranks.call("model_files")[0])
 
     def save_optimizer(self, folder: Path) -> None:
-        self.ranks.call("save_optimizer", folder)
+        if self.ranks.here:
+            self.ranks.call("save_optimizer", folder)
+            return
+        for files in self.ranks.call("optimizer_files"):
+            write_files(folder, files)
+
+    def resume(self, checkpoint: Path) -> None:
+        """Every rank as `checkpoint` left it."""
+        if self.ranks.here:
+            self.ranks.call("resume", checkpoint)
+        else:
+            self.ranks.call("resume_from_files", read_files(checkpoint))
 
     def state_dict(self) -> dict[str, Any]:
         return self.ranks.call("state_dict")[0]
 
     def close(self) -> None:
         self.ranks.stop()
+
+
+def read_files(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder`, by its path there."""
+    files = (path for path in folder.rglob("*") if path.is_file())
+    return {str(path.relative_to(folder)): path.read_bytes() for path in files}
+
+
+def write_files(folder: Path, files: dict[str, bytes]) -> None:
+    """`files` (as `read_files` gives them) under `folder`."""
+    for name, content in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(content)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from safetensors.torch import load_file
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -28,7 +29,7 @@ from reinforge.policy.models import load_model, load_tokenizer
 from reinforge.train import sharded as sharded_module
 from reinforge.train.algorithm import AlgorithmConfig, PPOClipLoss, SequenceMean, TruncatedIS
 from reinforge.train.batching import TrainBatch, micro_batches
-from reinforge.train.checkpoints import OPTIMIZER, write_checkpoint
+from reinforge.train.checkpoints import OPTIMIZER, TRAINER_STATE, write_checkpoint
 from reinforge.train.config import OptimConfig, TrainerConfig
 from reinforge.train.ranks import LocalRanks, RankFailed, run_on_ranks
 from reinforge.train.sharded import RankTrainer, ShardedTrainer, TrainerRanks, build_sharded
@@ -378,3 +379,49 @@ def test_a_checkpoint_resumes_on_another_world_size(tmp_path):
     assert next_12 == pytest.approx(one_next, rel=1e-4, abs=1e-6)
     for name, param in one.model.named_parameters():
         torch.testing.assert_close(weights_12[name], param, atol=OPTIM.lr / 10, rtol=0)
+
+
+class _Elsewhere(LocalRanks):
+    """Ranks taken for ones off the driver's node, as Ray actors may be: what they write
+    for the driver must come back by value, and a checkpoint must reach them so."""
+
+    here = False
+
+
+def test_ranks_off_the_drivers_node_send_what_they_write_and_resume_by_value(tmp_path):
+    """The weights, a checkpoint's model and each rank's optimizer shard sent back by
+    value are what the ranks write by path; a checkpoint the driver reads and sends
+    resumes the ranks where they were, as one read by path does."""
+    config = TrainerConfig(world_size=2, collective_timeout_s=120)
+    spec = TrainerSpec("tiny-random", config, OPTIM, total_steps=3)
+    batch = _batch()
+    next_steps = {}
+    for where, ranks in (("here", LocalRanks), ("there", _Elsewhere)):
+        trainer = TrainerRanks(ranks(config, RankTrainer, spec))
+        try:
+            trainer.step(batch)
+            _checkpoint(trainer, tmp_path / where)
+            trainer.write_weights(tmp_path / f"{where}.safetensors")
+            next_steps[where] = trainer.step(batch).model_dump()
+        finally:
+            trainer.close()
+    here, there = (tmp_path / w / "checkpoints" / "step_00001" for w in ("here", "there"))
+    files = sorted(p.relative_to(here) for p in here.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(there) for p in there.rglob("*") if p.is_file())
+    assert {OPTIMIZER + "/__0_0.distcp", OPTIMIZER + "/__1_0.distcp"} <= set(map(str, files))
+    for name in files:
+        if name.parts[0] != OPTIMIZER and name.name != TRAINER_STATE:  # RNG states differ
+            assert (here / name).read_bytes() == (there / name).read_bytes(), name
+    _assert_same_state(_saved_optimizer(there, tmp_path), _saved_optimizer(here, tmp_path))
+    weights = load_file(tmp_path / "here.safetensors")
+    assert weights.keys() == load_file(tmp_path / "there.safetensors").keys()
+    for name, tensor in load_file(tmp_path / "there.safetensors").items():
+        torch.testing.assert_close(tensor, weights[name], rtol=0, atol=0)
+
+    for ranks in (LocalRanks, _Elsewhere):
+        resumed = TrainerRanks(ranks(config, RankTrainer, spec))
+        try:
+            resumed.resume(there)
+            assert resumed.step(batch).model_dump() == pytest.approx(next_steps["there"])
+        finally:
+            resumed.close()
