@@ -14,11 +14,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from reinforge.policy.models import load_model
-from reinforge.train.algorithm import AlgorithmConfig, PPOClipLoss, SequenceMean, TruncatedIS
+from reinforge.train.algorithm import AlgorithmConfig, PPOClipLoss
 from reinforge.train.batching import TrainBatch, micro_batches
 from reinforge.train.config import OptimConfig, TrainerConfig
 from reinforge.train.ranks import LocalRanks, RankFailed, run_on_ranks
 from reinforge.train.sharded import RankTrainer, ShardedTrainer
+from reinforge.train.token_weights import SequenceMean, TruncatedIS
 from reinforge.train.trainer import Trainer, TrainerSpec
 from reinforge.types import Trajectory
 
