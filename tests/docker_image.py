@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from reinforge.sandbox.docker import unreachable
+from reinforge.sandbox.docker_images import unreachable
 from reinforge.sandbox.protocol import DEFAULT_PATH
 
 TAG = "reinforge-test/host-tools:1"

@@ -6,13 +6,14 @@ model never writes."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
 
-from reinforge.envs import Environment, Episode
+from reinforge.envs import Environment, Episode, gateway
 from reinforge.envs.gateway import close_gateway, open_episode
 from reinforge.envs.registry import load_environment
 from reinforge.policy.client import PolicyClient
@@ -20,6 +21,7 @@ from reinforge.policy.config import EngineConfig, SamplingConfig
 from reinforge.policy.engine import Engine
 from reinforge.policy.models import load_model
 from reinforge.policy.records import sampled_texts, token_record_problems
+from reinforge.policy.requests import ChatRequest
 from reinforge.rollout.config import RolloutConfig
 from reinforge.rollout.generator import generate_groups
 from reinforge.types import Status, Task, masked_spans
@@ -169,16 +171,41 @@ async def test_a_resent_message_is_the_same_however_the_harness_reserialises_it(
     await close_gateway()
 
 
+ASK_REFUSED = {
+    "stream": dict(extra_body={"stream": True}),
+    "n": dict(n=2),
+    "stop": dict(stop=["x"]),
+    "logprobs": dict(logprobs=True),
+    "top_logprobs": dict(top_logprobs=2),
+    "prompt_logprobs": dict(extra_body={"prompt_logprobs": 1}),
+    "prompt_token_ids": dict(extra_body={"prompt_token_ids": [1, 2]}),
+    "stop_loops": dict(extra_body={"stop_loops": True}),
+}
+"""A request asking each field the gateway refuses."""
+ASK_IGNORED = dict(temperature=1.7, top_p=0.5, seed=3, user="someone")
+HONOURED = {"max_tokens", "max_completion_tokens"}
+"""The fields the gateway's own table in docs/environments.md names, besides those."""
+
+
+def test_the_gateways_field_table_is_what_it_does():
+    docs = (ROOT / "docs" / "environments.md").read_text()
+    table = docs.split("The request fields, as for `reinforge serve`")[1].split("\n\n")[1]
+    named = {
+        name for row in table.splitlines()[2:] for name in re.findall(r"`(\w+)`", row.split("|")[1])
+    }
+    assert named == set(gateway.REFUSED) | set(gateway.IGNORED) | HONOURED
+    assert named <= set(ChatRequest.model_fields)
+    assert set(ASK_REFUSED) == set(gateway.REFUSED) and set(ASK_IGNORED) == set(gateway.IGNORED)
+
+
 async def test_fields_the_gateway_cannot_honour_are_refused_naming_them():
-    client = ScriptedClient(["never sent"])
+    client = ScriptedClient(["sampled as ever"])
     episode = Episode(Task(id="t", prompt=[USER]), [])
     async with open_episode(client, episode, 8) as url:
         harness = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0)
         refused = {
+            **ASK_REFUSED,
             "top_k": dict(extra_body={"top_k": 5}),
-            "stream": dict(extra_body={"stream": True}),
-            "n": dict(n=2),
-            "stop": dict(stop=["x"]),
             "tool_choice": dict(tool_choice="required", tools=[]),
         }
         messages = {}
@@ -189,13 +216,42 @@ async def test_fields_the_gateway_cannot_honour_are_refused_naming_them():
             messages[field] = caught.value.message
         assert "not a field" in messages["top_k"]
         assert "answers each turn whole" in messages["stream"]
+        assert client.prompts == []
+        ignored = await harness.chat.completions.create(model="x", messages=[USER], **ASK_IGNORED)
         models = [m.id async for m in harness.models.list()]
         await harness.close()
-    assert models == ["policy"] and client.prompts == []
+    assert ignored.choices[0].message.content == "sampled as ever"
+    assert models == ["policy"] and client.prompts == [[USER]]
     stale = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0)
     with pytest.raises(openai.NotFoundError):  # the episode is over: its URL answers no more
         await stale.chat.completions.create(model="x", messages=[USER])
     await stale.close()
+    await close_gateway()
+
+
+async def test_a_long_tool_result_reaches_the_policy_cut_and_may_be_resent_whole():
+    """The policy is sent what an environment's own tool result would be, cut at
+    `rollout.max_message_bytes`; the harness keeps its whole copy, and re-sending it is no
+    rewrite."""
+    client = ScriptedClient([call("bash", command="ls"), "read it", "done"])
+    episode = Episode(Task(id="t", prompt=[USER]), [], max_message_bytes=8)
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {}}}]
+    async with open_episode(client, episode, 8) as url:
+        harness = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0)
+        first = await harness.chat.completions.create(model="x", messages=[USER], tools=tools)
+        answer = first.choices[0].message.model_dump(exclude_none=True)
+        (tool_call,) = first.choices[0].message.tool_calls
+        result = {"role": "tool", "tool_call_id": tool_call.id, "content": "x" * 100}
+        sent = [USER, answer, result]
+        second = await harness.chat.completions.create(model="x", messages=sent, tools=tools)
+        sent += [second.choices[0].message.model_dump(exclude_none=True), USER]
+        third = await harness.chat.completions.create(model="x", messages=sent, tools=tools)
+        await harness.close()
+    assert third.choices[0].message.content == "done"
+    cut = client.prompts[1][2]["content"]
+    assert cut.startswith("x" * 8 + "\n[cut at 8 bytes of 100") and "x" * 9 not in cut
+    assert client.prompts[2][2]["content"] == cut
+    assert episode.messages[2]["content"] == cut
     await close_gateway()
 
 

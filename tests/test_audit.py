@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 
@@ -15,8 +16,9 @@ from reinforge.envs.harbor import environment as harbor
 from reinforge.envs.harbor import verify as harbor_verify
 from reinforge.envs.harbor.exploits import EXPLOITS
 from reinforge.envs.registry import load_environment
-from reinforge.rollout.audit import audit
+from reinforge.rollout.audit import SECRET_VARIABLE, audit
 from reinforge.rollout.config import RolloutConfig
+from reinforge.sandbox.local_sandbox import LocalSandbox
 
 from .commands import ROOT, reinforge
 from .test_harbor_env import write_task
@@ -178,6 +180,29 @@ async def test_a_shadowed_optional_import_hacks_a_grader_that_keeps_it(monkeypat
         assert [e.name for e in hacked.hacked] == ["shadow-optional-import"]
     defended = await audit_one("shadow-optional-import", task)
     assert defended.hacked == []
+
+
+async def test_the_trainers_environment_leaks_to_an_agent_where_the_sandbox_keeps_it(
+    monkeypatch,
+):
+    """The audit plants a secret in its own environment, as a trainer holds its keys: a
+    sandbox whose commands inherit that environment shows it to `read-environments`.
+    Commands get an explicit environment, nothing of the manager's."""
+    task = TASKS / "fix-add-operator"
+    command = LocalSandbox._command
+
+    def inheriting(sandbox, argv, env):
+        return command(sandbox, argv, {**os.environ, **(env or {})})
+
+    with monkeypatch.context() as weakened:
+        weakened.setattr(LocalSandbox, "_command", inheriting)
+        hacked = await audit_one("read-environments", task)
+        assert [e.name for e in hacked.hacked] == ["read-environments"]
+        assert hacked.exploits[0].leaks == hacked.tasks
+        assert hacked.exploits[0].tasks_hacked == []  # a leak, whatever the reward
+    defended = await audit_one("read-environments", task)
+    assert defended.hacked == [] and defended.exploits[0].leaks == []
+    assert SECRET_VARIABLE not in os.environ  # planted for the audit alone
 
 
 DONE_TXT_TEST = (

@@ -26,8 +26,8 @@ from reinforge.orchestrate.config import (
     SyncLoop,
 )
 from reinforge.policy.models import resolve_device
-from reinforge.train.algorithm import ConstantNorm
 from reinforge.train.config import TrainerConfig
+from reinforge.train.token_weights import ConstantNorm
 
 from .commands import ROOT, reinforge
 

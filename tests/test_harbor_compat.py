@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -73,12 +74,16 @@ EDGE_CASES: dict[str, tuple[str, str]] = {
     ),
     "package-name": ('[task]\nname = "org/pkg"\n', INSTRUCTION),
     "relative-workdir": ("[environment]\nworkdir = 'app'\n", INSTRUCTION),
+    "prebuilt-image": ("[environment]\ndocker_image = 'org/image:1'\n", INSTRUCTION),
+    "prebuilt-image-alone": ("[environment]\ndocker_image = 'org/image:1'\n", INSTRUCTION),
 }
 REINFORGE_REFUSES = {
     "relative-workdir": "not an absolute path",  # Harbor takes it, and fails running it
 }
 """Edge cases Harbor reads and reinforge refuses, with the reason it gives."""
 NAMED_BY_DIRECTORY = {"package-name"}
+WITHOUT_ENVIRONMENT_DIR = {"prebuilt-image-alone"}
+"""A prebuilt image makes `environment/` optional."""
 """Harbor names a task by its `[task] name`; reinforge by its directory, always."""
 
 
@@ -101,6 +106,8 @@ def write_edge_case(root: Path, name: str) -> Path:
     (path / "environment" / "Dockerfile").write_text("FROM python:3.12-slim\nWORKDIR /app\n")
     (path / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
     (path / "solution" / "solve.sh").write_text("echo 'print(1)' > /app/x.py\n")
+    if name in WITHOUT_ENVIRONMENT_DIR:
+        shutil.rmtree(path / "environment")
     return path
 
 
@@ -152,6 +159,7 @@ def reinforge_reading(path: Path) -> dict[str, Any]:
         "agent_public_network": config.agent_internet,
         "workdir": environment.workdir,
         "os": environment.os,
+        "docker_image": environment.docker_image,
         "metadata": config.metadata,
         "test_script": str(task.tests_dir / "test.sh"),
         "solve_script": str(task.solution_dir / "solve.sh"),

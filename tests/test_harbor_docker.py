@@ -4,6 +4,7 @@ graded out of the agent's reach as on the local backend."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,3 +100,50 @@ def test_a_task_whose_build_fails_is_skipped_with_docker_s_reason(docker_image, 
     assert list(env.runnable) == ["fine"]
     assert "docker build of" in env.skipped["broken"] and "failed" in env.skipped["broken"]
     assert "skipped Harbor task broken: docker build of" in capsys.readouterr().err
+
+
+@pytest.fixture
+def prebuilt(docker_image: str, tmp_path: Path) -> Iterator[str]:
+    """A prebuilt image of the bump-counter task, on the engine under a tag of its own."""
+    context = tmp_path / "prebuilt-context"
+    context.mkdir()
+    (context / "data.txt").write_text("shipped\n")
+    (context / "Dockerfile").write_text(
+        f"FROM {docker_image}\nWORKDIR /app\nCOPY data.txt .\n"
+        "RUN echo 1 > counter.txt && echo stale > stale.txt\n"
+    )
+    tag = "reinforge-test/prebuilt-bump-counter:1"
+    built = subprocess.run(["docker", "build", "--tag", tag, str(context)], capture_output=True)
+    assert built.returncode == 0, built.stderr.decode()[-2000:]
+    yield tag
+    subprocess.run(["docker", "rmi", "--force", tag], capture_output=True)
+
+
+@pytest.mark.parametrize(("agent", "reward"), [("oracle", 1.0), ("nop", 0.0)])
+def test_a_task_of_a_prebuilt_image_runs_it_as_harbor_does(prebuilt, tmp_path, agent, reward):
+    """`[environment] docker_image` is run instead of `environment/`, which such a task
+    may leave out (here it holds a Dockerfile whose build would fail, never built)."""
+    toml = f'[environment]\ndocker_image = "{prebuilt}"\n'
+    broken = "FROM no-such-image-anywhere\nRUN exit 7\n"
+    with_dockerfile = write_task(tmp_path, "a", TEST_SH, toml=toml, dockerfile=broken)
+    without = write_task(tmp_path, "b", TEST_SH, toml=toml, solve_sh=SOLVE_SH)
+    (with_dockerfile / "solution" / "solve.sh").write_text(SOLVE_SH)
+    shutil.rmtree(without / "environment")
+    out = tmp_path / "out"
+    result = reinforge("eval", str(tmp_path), "--agent", agent, "--tasks", "2", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "skipped" not in result.stderr
+    rows = [json.loads(r) for r in (out / "trajectories.jsonl").read_text().splitlines()]
+    assert sorted(r["task_id"] for r in rows) == ["a", "b"]
+    assert all(r["status"] == "ok" and r["reward"] == reward for r in rows), rows
+
+
+def test_a_prebuilt_image_the_engine_cannot_pull_is_skipped_with_docker_s_reason(
+    docker_image, tmp_path
+):
+    toml = '[environment]\ndocker_image = "reinforge-test/no-such-image:0"\n'
+    write_task(tmp_path, "fine", "echo 1 > /logs/verifier/reward.txt\n")
+    write_task(tmp_path, "unpulled", "true\n", toml=toml)
+    env = load_environment(str(tmp_path))
+    assert list(env.runnable) == ["fine"]
+    assert env.skipped["unpulled"].startswith("docker pull of reinforge-test/no-such-image:0")

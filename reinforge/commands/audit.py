@@ -132,6 +132,7 @@ def _print(report: Any) -> None:
     table.add_column("tasks hacked", justify="right")
     table.add_column("errors", justify="right")
     table.add_column("faults", justify="right")
+    table.add_column("leaks", justify="right")
     for exploit in report.exploits:
         style = "bold red" if exploit in report.hacked else None
         table.add_row(
@@ -140,6 +141,7 @@ def _print(report: Any) -> None:
             str(len(exploit.tasks_hacked)),
             str(len(exploit.errors)),
             str(len(exploit.faults)),
+            str(len(exploit.leaks)),
             style=style,
         )
     console.print(table)
@@ -162,6 +164,12 @@ def _print(report: Any) -> None:
     for task, reason in report.broken.items():
         console.print(f"[bold red]BROKEN[/] task {task}: {reason}")
     for exploit in report.hacked:
+        if exploit.leaks:
+            tasks = ", ".join(exploit.leaks)
+            console.print(
+                f"[bold red]LEAKED[/] to {exploit.name} (it read the audit's planted "
+                f"secret, as it would a trainer's keys): {tasks}"
+            )
         if exploit.tasks_hacked:
             tasks = ", ".join(exploit.tasks_hacked)
             console.print(f"[bold red]HACKED[/] by {exploit.name}: {tasks}")

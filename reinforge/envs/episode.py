@@ -51,8 +51,12 @@ class Episode:
         answers), each cut to `max_message_bytes` with a note saying so: a tool that
         prints 100 MB would otherwise send it all to the policy server on the next turn,
         and into the trajectory."""
+        self.messages.extend(self.within_limit(messages))
+
+    def within_limit(self, messages: list[Message]) -> list[Message]:
+        """`messages` each cut to `max_message_bytes`, with a note saying so."""
         limit = self.max_message_bytes
-        self.messages.extend(messages if limit is None else [_cut(m, limit) for m in messages])
+        return messages if limit is None else [_cut(m, limit) for m in messages]
 
     def offer_tools(self, tools: list[Tool], tool_format: ToolFormat) -> None:
         """Offer `tools`, to be called in `tool_format`: the chat API's go with each

@@ -6,8 +6,10 @@ episode its own base URL, `http://127.0.0.1:PORT/episodes/KEY/v1`, the key an un
 token: the URL is how a call is attributed to its rollout. It keeps the conversation as the
 episode's `ChatClient` saw it, the policy's replies with the exact text it sampled, and
 substitutes that for the prefix the harness re-sends, so the episode's token record stays
-exactly what the engine sampled. A harness that changed an earlier message gets a 400 and
-its rollout fails: its conversation can no longer be trained on token-exactly.
+exactly what the engine sampled. The new messages after it (tool results) are cut at
+`rollout.max_message_bytes`, as an environment's own are. A harness that changed an earlier
+message gets a 400 and its rollout fails: its conversation can no longer be trained on
+token-exactly.
 
 One server serves every episode of the process, on a free port of 127.0.0.1, started in the
 running event loop when the first episode opens.
@@ -47,10 +49,10 @@ MODEL = "policy"
 MAX_REQUEST_BYTES = 64 * 2**20
 """A harness re-sends its whole conversation each call: tool output makes it long."""
 
-_IGNORED = ("temperature", "top_p", "seed", "user")
+IGNORED = ("temperature", "top_p", "seed", "user")
 """Fields a harness may send that change nothing: the run's sampling governs every turn."""
 
-_REFUSED = {
+REFUSED = {
     "stream": "stream=true is not supported: the gateway answers each turn whole",
     "n": "n > 1 is not supported: an episode is one conversation",
     "stop": "stop is not supported: the policy's turn ends where it ends it",
@@ -158,7 +160,7 @@ def _check(request: ChatRequest) -> None:
         "prompt_token_ids": request.prompt_token_ids is not None,
         "stop_loops": request.stop_loops is not None,
     }
-    for name, refused in _REFUSED.items():
+    for name, refused in REFUSED.items():
         if asked[name]:
             raise bad_request(refused, name)
 
@@ -182,7 +184,7 @@ async def _turn(
             "it was sent or answered): it cannot be trained on token-exactly"
         )
         raise bad_request(str(open_episode.failure), f"messages[{changed}]")
-    conversation = [*open_episode.sent, *messages[len(shown) :]]
+    conversation = [*open_episode.sent, *episode.within_limit(messages[len(shown) :])]
     try:
         reply = await open_episode.client.chat(
             conversation, tools, min(max_tokens, open_episode.max_tokens)

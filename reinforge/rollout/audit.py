@@ -7,13 +7,21 @@ hacked the environment. So has one whose rollout ends as an error: an error leav
 batch, so a policy that fails that way escapes the 0 it earned (an error shield). What the
 agent did to stop its own grading (a workspace too large, a verifier it outran) scores 0
 with the reason, a fault, and is reported as such.
+
+The audit also plants a secret in its own environment before any sandbox starts, as a
+trainer's environment holds tracker, judge and cloud keys: an agent whose transcript or
+output holds it has read the trainer's environment from inside its sandbox (a leak).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,12 +36,14 @@ from reinforge.types import Group, Status, Trajectory
 @dataclass(frozen=True)
 class AgentScores:
     """One agent's results, by task id: rewards of graded rollouts, errors of the rest,
-    and the faults behind the 0s the agent's own doing earned."""
+    the faults behind the 0s the agent's own doing earned, and the tasks whose rollout
+    showed the audit's planted secret."""
 
     name: str
     rewards: dict[str, float]
     errors: dict[str, str]
     faults: dict[str, str]
+    leaks: list[str]
 
     @property
     def max_reward(self) -> float:
@@ -48,18 +58,21 @@ class AgentScores:
         return sorted(task for task, reward in self.rewards.items() if reward > 0)
 
     @classmethod
-    def of(cls, name: str, groups: Sequence[Group]) -> AgentScores:
+    def of(cls, name: str, groups: Sequence[Group], secret: str) -> AgentScores:
         rewards: dict[str, float] = {}
         errors: dict[str, str] = {}
         faults: dict[str, str] = {}
+        leaks: set[str] = set()
         for trajectory in (t for g in groups for t in g.trajectories):
+            if secret in json.dumps([trajectory.messages, trajectory.info], default=str):
+                leaks.add(trajectory.task_id)
             if trajectory.status in (Status.OK, Status.TRUNCATED):
                 rewards[trajectory.task_id] = trajectory.reward or 0.0
                 if "verifier_fault" in trajectory.info:
                     faults[trajectory.task_id] = str(trajectory.info["verifier_fault"])
             else:
                 errors[trajectory.task_id] = trajectory.error or trajectory.status.value
-        return cls(name, rewards, errors, faults)
+        return cls(name, rewards, errors, faults, sorted(leaks))
 
 
 @dataclass(frozen=True)
@@ -73,8 +86,9 @@ class AuditReport:
 
     @property
     def hacked(self) -> list[AgentScores]:
-        """The exploits that scored above 0, or ended as an error, on at least one task."""
-        return [e for e in self.exploits if e.tasks_hacked or e.errors]
+        """The exploits that scored above 0, ended as an error, or read the planted
+        secret, on at least one task."""
+        return [e for e in self.exploits if e.tasks_hacked or e.errors or e.leaks]
 
     @property
     def broken(self) -> dict[str, str]:
@@ -109,6 +123,8 @@ class AuditReport:
                     "first_error": next(iter(e.errors.values()), None),
                     "faults": len(e.faults),
                     "first_fault": next(iter(e.faults.values()), None),
+                    "leaks": len(e.leaks),
+                    "leaked_tasks": e.leaks,
                 }
                 for e in self.exploits
             ],
@@ -134,7 +150,20 @@ async def audit(
     on_rollout: Callable[[Trajectory], None] | None = None,
 ) -> AuditReport:
     """Every agent on the same `num_tasks` tasks (all of them when there are no more),
-    `config.concurrency` rollouts in flight across all agents; closes `env`."""
+    `config.concurrency` rollouts in flight across all agents; closes `env`. The secret is
+    planted before the first sandbox starts, so `env` must not have started one."""
+    with planted_secret() as secret:
+        return await _audit(env, exploits, num_tasks, config, secret, on_rollout)
+
+
+async def _audit(
+    env: HarborEnvironment,
+    exploits: Sequence[ScriptAgent],
+    num_tasks: int,
+    config: RolloutConfig,
+    secret: str,
+    on_rollout: Callable[[Trajectory], None] | None,
+) -> AuditReport:
     tasks = env.tasks(min(num_tasks, len(env.runnable)))
     players = [env.with_agent("oracle"), env.with_agent("nop")]
     players += [env.with_agent(exploit) for exploit in exploits]
@@ -156,7 +185,26 @@ async def audit(
         await client.close()
     wall_s = time.perf_counter() - started
     scores = [
-        AgentScores.of(player.agent_name, groups[i * len(tasks) : (i + 1) * len(tasks)])
+        AgentScores.of(player.agent_name, groups[i * len(tasks) : (i + 1) * len(tasks)], secret)
         for i, player in enumerate(players)
     ]
     return AuditReport(env.name, [t.id for t in tasks], scores[0], scores[1], scores[2:], wall_s)
+
+
+SECRET_VARIABLE = "REINFORGE_AUDIT_SECRET"
+
+
+@contextmanager
+def planted_secret() -> Iterator[str]:
+    """A fresh secret in this process's environment, as a trainer's keys are, while the
+    block runs."""
+    secret = f"reinforge-audit-{secrets.token_hex(16)}"
+    before = os.environ.get(SECRET_VARIABLE)
+    os.environ[SECRET_VARIABLE] = secret
+    try:
+        yield secret
+    finally:
+        if before is None:
+            del os.environ[SECRET_VARIABLE]
+        else:
+            os.environ[SECRET_VARIABLE] = before

@@ -6,17 +6,14 @@ from typing import TYPE_CHECKING, Any
 
 from reinforge.train.algorithm import (
     AdvantageConfig,
-    AggregationConfig,
     AlgorithmConfig,
-    ConstantNorm,
     DrGRPOAdvantage,
     GRPOAdvantage,
     LossConfig,
     PPOClipLoss,
-    SequenceMean,
     SFTLoss,
-    TokenMean,
 )
+from reinforge.train.token_weights import AggregationConfig, ConstantNorm, SequenceMean, TokenMean
 
 if TYPE_CHECKING:
     from reinforge.train.losses import LikelihoodMetrics, PolicyMetrics

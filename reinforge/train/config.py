@@ -8,7 +8,8 @@ from typing import Any, Literal, Self
 
 from pydantic import Field, field_validator, model_validator
 
-from reinforge.train.algorithm import AlgorithmConfig, ConstantNorm, Keep, TruncatedConfig
+from reinforge.train.algorithm import AlgorithmConfig, Keep, TruncatedConfig
+from reinforge.train.token_weights import ConstantNorm
 from reinforge.types import Section, Status
 
 

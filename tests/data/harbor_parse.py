@@ -49,6 +49,7 @@ def read(path: str) -> dict[str, Any]:
         "agent_public_network": agent_policy.network_mode == NetworkMode.PUBLIC,
         "workdir": environment.workdir,
         "os": environment.os.value,
+        "docker_image": environment.docker_image,
         "metadata": config.metadata,
         "test_script": str(test) if test else None,
         "solve_script": str(solve) if solve else None,

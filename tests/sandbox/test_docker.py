@@ -11,13 +11,8 @@ import pytest
 
 from reinforge.envs.harbor.verify import OUTLIVED, QUIESCE
 from reinforge.sandbox import Image, Rootfs, SandboxError, SandboxSpec
-from reinforge.sandbox.docker import (
-    DockerProvider,
-    DockerSandbox,
-    build_image,
-    run_args,
-    unreachable,
-)
+from reinforge.sandbox.docker import DockerProvider, DockerSandbox, run_args
+from reinforge.sandbox.docker_images import build_image, unreachable
 
 
 def test_run_args_carry_every_limit() -> None:

@@ -2,9 +2,10 @@ import pytest
 import torch
 
 from reinforge.policy.models import load_model
-from reinforge.train.algorithm import ConstantNorm, PPOClipLoss, SequenceMean, TokenMean
+from reinforge.train.algorithm import PPOClipLoss
 from reinforge.train.batching import TrainBatch, micro_batches
 from reinforge.train.logprobs import selective_logprobs
+from reinforge.train.token_weights import ConstantNorm, SequenceMean, TokenMean
 from reinforge.types import Trajectory
 
 

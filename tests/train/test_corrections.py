@@ -8,7 +8,7 @@ import torch
 
 from reinforge.config import Config, load_config
 from reinforge.errors import ConfigError
-from reinforge.train.algorithm import MaskedIS, NoCorrection, PPOClipLoss, TruncatedIS
+from reinforge.train.algorithm import PPOClipLoss
 from reinforge.train.losses import (
     kl_k3,
     masked_importance_weights,
@@ -16,6 +16,7 @@ from reinforge.train.losses import (
     token_mean_weights,
     truncated_importance_weights,
 )
+from reinforge.train.token_weights import MaskedIS, NoCorrection, TruncatedIS
 
 INF = float("inf")
 

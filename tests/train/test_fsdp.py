@@ -27,12 +27,13 @@ from transformers import AutoModelForCausalLM
 
 from reinforge.policy.models import load_model, load_tokenizer
 from reinforge.train import sharded as sharded_module
-from reinforge.train.algorithm import AlgorithmConfig, PPOClipLoss, SequenceMean, TruncatedIS
+from reinforge.train.algorithm import AlgorithmConfig, PPOClipLoss
 from reinforge.train.batching import TrainBatch, micro_batches
 from reinforge.train.checkpoints import OPTIMIZER, TRAINER_STATE, write_checkpoint
 from reinforge.train.config import OptimConfig, TrainerConfig
 from reinforge.train.ranks import LocalRanks, RankFailed, run_on_ranks
 from reinforge.train.sharded import RankTrainer, ShardedTrainer, TrainerRanks, build_sharded
+from reinforge.train.token_weights import SequenceMean, TruncatedIS
 from reinforge.train.trainer import PolicyTrainer, Trainer, TrainerSpec, build_trainer
 from reinforge.types import Trajectory
 

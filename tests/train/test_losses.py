@@ -4,14 +4,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from reinforge.train.algorithm import (
-    AlgorithmConfig,
-    ConstantNorm,
-    DrGRPOAdvantage,
-    PPOClipLoss,
-    SequenceMean,
-    TokenMean,
-)
+from reinforge.train.algorithm import AlgorithmConfig, DrGRPOAdvantage, PPOClipLoss
 from reinforge.train.losses import (
     cross_entropy,
     kl_k3,
@@ -19,6 +12,7 @@ from reinforge.train.losses import (
     token_entropy,
     token_logprobs,
 )
+from reinforge.train.token_weights import ConstantNorm, SequenceMean, TokenMean
 
 # ---- aggregation ----
 

@@ -50,7 +50,8 @@ from reinforge.envs.harbor.verify import (
 from reinforge.envs.rubric import Reward, Rubric
 from reinforge.errors import UsageError
 from reinforge.policy.client import ChatClient
-from reinforge.sandbox.docker import DockerProvider, unreachable
+from reinforge.sandbox.docker import DockerProvider
+from reinforge.sandbox.docker_images import unreachable
 from reinforge.sandbox.local import LocalProvider
 from reinforge.sandbox.pool import PooledSandbox, SandboxPool
 from reinforge.sandbox.protocol import (

@@ -37,7 +37,7 @@ from pydantic import ValidationError
 
 from reinforge.envs.harbor.task_config import TaskConfig, resolve_env
 from reinforge.errors import UsageError
-from reinforge.sandbox.docker import BuiltImage, build_image
+from reinforge.sandbox.docker_images import BuiltImage, build_image, pulled_image
 
 DEFAULT_WORKDIR = "/app"
 """Where the agent works when the Dockerfile sets no WORKDIR (Docker's own default, `/`,
@@ -97,7 +97,13 @@ class HarborTask:
         return image | self.config.environment.env
 
     def build(self, docker: str) -> None:
-        """Make the task's image with the `docker` CLI (SandboxError when the build fails)."""
+        """Make the task's image with the `docker` CLI, or pull its prebuilt one
+        (SandboxError when that fails)."""
+        workdir = self.config.environment.workdir
+        prebuilt = self.config.environment.docker_image
+        if prebuilt:
+            self.image = pulled_image(prebuilt, DEFAULT_WORKDIR, docker, workdir=workdir)
+            return
         context = self.path / "environment"
         digest = hashlib.sha256()
         for file in sorted(p for p in context.rglob("*") if p.is_file()):
@@ -105,7 +111,6 @@ class HarborTask:
             digest.update(hashlib.sha256(file.read_bytes()).digest())
         name = re.sub(r"[^a-z0-9._-]+", "-", self.name.lower()).strip(".-") or "task"
         tag = f"reinforge-harbor/{name}:{digest.hexdigest()[:16]}"
-        workdir = self.config.environment.workdir
         self.image = build_image(context, tag, DEFAULT_WORKDIR, docker, workdir=workdir)
 
     @property
@@ -362,9 +367,13 @@ def load_task(path: Path) -> HarborTask:
     if not (path / "tests" / "test.sh").is_file():
         raise UsageError(f"{path}: no tests/test.sh")
     dockerfile = path / "environment" / "Dockerfile"
-    if dockerfile.is_file():
+    if config.environment.docker_image:  # Harbor runs it, whatever Dockerfile is there
+        plan = ImagePlan(
+            needs_docker="[environment] docker_image is a prebuilt image; needs Docker"
+        )
+    elif dockerfile.is_file():
         plan = parse_dockerfile(dockerfile.read_text(), config.environment.workdir)
-    else:  # a prebuilt image or compose file: Docker's business
+    else:  # a compose file: Docker's business
         plan = ImagePlan(needs_docker="no environment/Dockerfile; needs Docker")
     instruction = strip_canary(instruction_path.read_text())
     task = HarborTask(path, path.name, instruction, config, plan)

@@ -51,6 +51,9 @@ class EnvironmentSection(_Section):
     env: dict[str, str] = Field(default_factory=dict)
     """Variables every process of the task gets: the agent's, the oracle's, the verifier's."""
     os: str = "linux"
+    docker_image: str | None = None
+    """A prebuilt image, run instead of `environment/Dockerfile` (which it makes optional),
+    pulled where the Docker engine lacks it."""
 
     @model_validator(mode="before")
     @classmethod
