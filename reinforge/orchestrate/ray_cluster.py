@@ -2,9 +2,9 @@
 as Ray actors, each with its `cluster.rank` or `engines.resources`, one placement group per
 kind (packed: a rank's collectives and an engine's weight loads stay on few nodes).
 
-- **Ranks.** Each actor joins the process group (rendezvous at rank 0's node) and holds its
-  `ShardedTrainer`; a call goes to every actor and the first failure ends them all, as with
-  `LocalRanks`.
+- **Ranks** (`orchestrate/ray_ranks.py`). Each actor joins the process group (rendezvous
+  at rank 0's node) and holds its `ShardedTrainer`; a call goes to every actor and the
+  first failure ends them all, as with `LocalRanks`.
 - **Engines.** Each actor starts `reinforge serve` listening on its node's address, which
   the run reaches it at, and supervises nothing itself: the run's `Supervisor` sees it
   through `returncode` and `restart`, as it sees local processes. An engine keeps its URL
@@ -52,7 +52,9 @@ from reinforge.orchestrate.engine_processes import (
     silent,
     spawn,
 )
+from reinforge.orchestrate.ray_actors import ANSWER_S, ask, node_id, ray, release
 from reinforge.orchestrate.ray_logs import LogCopies
+from reinforge.orchestrate.ray_ranks import RayRanks
 from reinforge.orchestrate.ray_weights import ObjectStorePush
 from reinforge.orchestrate.weight_sync import (
     EngineGone,
@@ -64,22 +66,15 @@ from reinforge.orchestrate.weight_sync import (
 )
 from reinforge.policy.weight_buckets import Bucket, unpack
 from reinforge.train.config import TrainerConfig
-from reinforge.train.ranks import RankFailed, failure_line, join_group
 
-try:
-    import ray
+if ray is not None:
     from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-except ImportError:  # told in one line when a run asks for it
-    ray = None
 
 PLACE_S = 120.0
 """How long a placement group may wait for the cluster's resources before the run says
 what was missing (Ray itself would wait for ever)."""
-ANSWER_S = 60.0
-"""How long an actor may take to answer a question (its node, its engine's exit code):
-one on a node that died or hangs never answers, and Ray would wait for ever."""
 
 
 class RayCluster:
@@ -105,7 +100,7 @@ class RayCluster:
         if hidden is not None:
             ray.shutdown()
             raise UsageError(hidden)
-        self.node = _node()
+        self.node = node_id()
         """The run's own node, whose files the engines of the `file` transport load and
         whose files a rank 0 there writes by path. By Ray's node id: two nodes of one
         machine may share an IP address."""
@@ -191,82 +186,6 @@ def _asked(config: Config, resource: str) -> float:
     return asked
 
 
-class RankActor:
-    """One trainer rank in a Ray actor: joins the group, holds the factory's object."""
-
-    def node(self) -> str:
-        return _node()
-
-    def rendezvous(self) -> str:
-        """A TCP rendezvous at this actor's node: rank 0's."""
-        return f"tcp://{ray.util.get_node_ip_address()}:{free_ports(1)[0]}"
-
-    def setup(
-        self, rank: int, config: TrainerConfig, init_method: str, factory: Any, args: tuple
-    ) -> None:
-        join_group(rank, config, init_method)
-        self.target = factory(rank, *args)
-
-    def call(self, method: str, *args: Any) -> Any:
-        return getattr(self.target, method)(*args)
-
-
-class RayRanks:
-    """`trainer.world_size` rank actors; the `Ranks` of a Ray run."""
-
-    def __init__(
-        self, cluster: RayCluster, config: TrainerConfig, factory: Any, args: tuple
-    ) -> None:
-        resources = cluster.config.cluster.rank
-        self._group, options = cluster.place(resources, config.world_size, "trainer ranks")
-        actor = ray.remote(RankActor)
-        self._actors = [actor.options(**option).remote() for option in options]
-        try:
-            nodes = {_ask(a.node, f"trainer rank {r}") for r, a in enumerate(self._actors)}
-            self.here = nodes == {cluster.node}
-            init_method = _ask(self._actors[0].rendezvous, "trainer rank 0")
-            self._wait(
-                [
-                    a.setup.remote(rank, config, init_method, factory, args)
-                    for rank, a in enumerate(self._actors)
-                ]
-            )
-        except BaseException:
-            self.stop()
-            raise
-
-    def call(self, method: str, *args: Any) -> list[Any]:
-        shared = [ray.put(arg) for arg in args]  # once, not once per rank (a batch)
-        refs = [actor.call.remote(method, *shared) for actor in self._actors]
-        try:
-            return self._wait(refs)
-        except BaseException:
-            self.stop()
-            raise
-
-    def _wait(self, refs: list[Any]) -> list[Any]:
-        """Every rank's answer; the first to fail or die raises at once."""
-        rank_of = {ref: rank for rank, ref in enumerate(refs)}
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            try:
-                ray.get(done[0])
-            except RayTaskError as error:
-                cause = error.cause if isinstance(error.cause, BaseException) else error
-                rank = rank_of[done[0]]
-                raise RankFailed(f"trainer rank {rank}: {failure_line(cause)}") from None
-            except RayActorError:
-                raise RankFailed(f"trainer rank {rank_of[done[0]]} died") from None
-        return ray.get(refs)
-
-    def stop(self) -> None:
-        for actor in self._actors:
-            ray.kill(actor)
-        self._actors = []
-        _release(self)
-
-
 class EngineActor:
     """One engine in a Ray actor: `reinforge serve` listening on the address of the
     actor's node, at a port that stays its own across restarts, logging to the node's own
@@ -286,7 +205,7 @@ class EngineActor:
         self.process: subprocess.Popen[bytes] | None = None
 
     def node(self) -> str:
-        return _node()
+        return node_id()
 
     def start(self) -> str:
         """The engine, answering; its /v1 URL."""
@@ -396,7 +315,7 @@ class RayEngines:
         handle = actor.remote(self._settings, index, str(self.log(index)), self._ports[index])
         if self._transport == "file":
             self.cluster.require_here(
-                _ask(handle.node, f"engine {index}"),
+                ask(handle.node, f"engine {index}"),
                 f"engine {index}",
                 'engines.weight_sync = "file" loads the weights from a file of the run\'s node',
             )
@@ -440,7 +359,7 @@ class RayEngines:
             self._actors[index] = await asyncio.to_thread(self._actor, index)
             # placed within a bound: a dead node's bundle waits for a node that never comes
             who = f"engine {index}, restarted by a new actor,"
-            await asyncio.to_thread(_ask, self._actors[index].node, who)
+            await asyncio.to_thread(ask, self._actors[index].node, who)
         (url,) = await asyncio.to_thread(self._started, [index])
         if url != self.urls[index]:  # a new actor on another node: routed and synced by URL
             raise UsageError(f"engine {index} came back at {url}, not {self.urls[index]}")
@@ -477,30 +396,5 @@ class RayEngines:
         for actor in self._actors:
             ray.kill(actor)
         self._actors = []
-        _release(self)
-
-
-def _node() -> str:
-    """This process's Ray node, by id."""
-    return ray.get_runtime_context().get_node_id()
-
-
-def _ask(method: Any, who: str) -> Any:
-    """An actor's answer to a question that takes no time, or one line: an actor on a
-    node that died or hangs would keep `ray.get` waiting for ever (or, its node found dead,
-    raise Ray's many lines)."""
-    try:
-        return ray.get(method.remote(), timeout=ANSWER_S)
-    except GetTimeoutError:
-        raise UsageError(
-            f"{who} did not answer within {ANSWER_S:.0f} s (is its node up?)"
-        ) from None
-    except RayActorError:
-        raise UsageError(f"{who} died before it answered (is its node up?)") from None
-
-
-def _release(owner: RayRanks | RayEngines) -> None:
-    """Its placement group back to the cluster, once (a failed run stops twice)."""
-    if owner._group is not None:
-        remove_placement_group(owner._group)
-        owner._group = None
+        release(self._group)
+        self._group = None
