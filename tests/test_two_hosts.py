@@ -124,17 +124,23 @@ def test_engines_on_host_b_sample_the_trainers_weights_through_the_object_store(
         assert os.stat(hosts.a.shm).st_dev != os.stat(hosts.b.shm).st_dev
 
 
-def _engine_logs(host: Host, index: int, run: Path) -> list[Path]:
-    """The logs that `host` keeps of engine `index` of the run writing `run`."""
-    port = _port(run / "engines" / f"engine-{index}.log")
+def _engine_logs(
+    host: Host, index: int, run: Path, process: subprocess.Popen[str] | None = None
+) -> list[Path]:
+    """The logs that `host` keeps of engine `index` of the run writing `run` (by
+    `process`, where it still runs)."""
+    port = _port(run / "engines" / f"engine-{index}.log", process)
     listening = f"Uvicorn running on http://{host.ip}:{port} "
     logs = host.tmp.glob(f"reinforge-engine-*/engine-{index}.log")
     return [log for log in logs if listening in log.read_text()]
 
 
-def _port(log: Path) -> int:
-    """The port an engine's log says it listens at, waiting for the log to say it."""
+def _port(log: Path, run: subprocess.Popen[str] | None = None) -> int:
+    """The port an engine's log says it listens at, waiting for the log to say it (while
+    `run`, where given, goes on)."""
     while "Uvicorn running on http://" not in (text := log.read_text() if log.exists() else ""):
+        if run is not None and run.poll() is not None:
+            raise AssertionError(f"the run ended first: {run.communicate()[1][-3000:]}")
         time.sleep(0.2)
     return int(text.split("Uvicorn running on http://")[1].split()[0].rsplit(":", 1)[1])
 
@@ -185,11 +191,11 @@ def test_an_engine_killed_on_host_b_comes_back_and_catches_up_from_the_object_st
     try:
         folder = tmp_path / "r"
         _stepped(run, folder)
-        logs = _engine_logs(hosts.b, 0, folder)  # of this run: the one its engine holds
+        logs = _engine_logs(hosts.b, 0, folder, run)  # of this run: the one its engine holds
         (engine,) = {pid for log in logs for pid in holding(log)} & hosts.b.processes()
         os.kill(engine, signal.SIGKILL)
         copy = folder / "engines" / "engine-0.log"
-        port = _port(copy)
+        port = _port(copy, run)
         came_back = _said_twice(copy, f"Uvicorn running on http://127.0.0.2:{port} ", run)
         release.touch()
         _, stderr = run.communicate(timeout=1200)

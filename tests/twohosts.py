@@ -93,7 +93,11 @@ class TwoHosts:
 
     def on_a(self, argv: list[str]) -> list[str]:
         """`argv` run as a process of host A (in its mount namespace where isolated), in
-        the working directory it is started in (entering a namespace moves to its root)."""
+        the working directory it is started in (entering a namespace moves to its root),
+        with the nodes' authentication mode: a Ray started earlier in the test process
+        leaves `RAY_AUTH_MODE=token` in its environment, and a driver with it is refused
+        by nodes without."""
+        argv = ["env", "RAY_AUTH_MODE=disabled", *argv]
         if not self.isolated:
             return argv
         return ["nsenter", f"--target={self.a.process.pid}", "--mount", "--wd=.", "--", *argv]
