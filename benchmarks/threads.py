@@ -17,7 +17,13 @@ Each round starts a fresh server per setting, in an order that rotates each roun
 concurrent chat completions of up to 48 tokens (tokens/s, after one untimed race) and one
 48-token completion (seconds per token, best of 3 after an untimed one).
 
+With `--main-job STEPS` it times the main job instead (`examples/arithmetic.toml`, its
+first STEPS steps, no checkpoint): `model.threads` unset (the default) and 1, each alone
+and beside the contender; the figure is the median step's wall time (`time.total_s` of
+metrics.jsonl), the first step left out (it pays for warm-up).
+
     python benchmarks/threads.py [--rounds 3] [--json out.json]
+    python benchmarks/threads.py --main-job 6 [--rounds 2] [--json out.json]
 """
 
 from __future__ import annotations
@@ -80,13 +86,31 @@ def serve_once(env: dict[str, str], messages: list[list[dict]]) -> dict[str, flo
     return {"tokens_per_s": rate, "batch1_s_per_token": per_token}
 
 
+MAIN_JOB = {"default": [], "1 thread": ["model.threads=1"]}
+"""The main job's thread settings: its own key, which sets torch's threads in-process."""
+
+
+def train_once(overrides: list[str], steps: int) -> dict[str, float]:
+    """The main job's first `steps` steps; the median step's seconds, the first left out."""
+    with tempfile.TemporaryDirectory(prefix="reinforge-threads-") as folder:
+        command = [sys.executable, "-m", "reinforge", "train", "examples/arithmetic.toml",
+                   f"run.steps={steps}", f"run.checkpoint_every={steps + 1}",
+                   f"run.dir={folder}", "run.name=r", *overrides]  # fmt: skip
+        subprocess.run(command, check=True, capture_output=True, cwd=Path(__file__).parents[1])
+        rows = (Path(folder) / "r" / "metrics.jsonl").read_text().splitlines()
+        seconds = [json.loads(row)["time"]["total_s"] for row in rows][1:]
+    return {"step_s": statistics.median(seconds)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--main-job", type=int, metavar="STEPS")
     args = parser.parse_args()
     messages = [task.prompt for task in load_environment("arithmetic").tasks(32, seed=1)]
-    cases = [(name, busy) for busy in (False, True) for name in SETTINGS]
+    settings = MAIN_JOB if args.main_job else SETTINGS
+    cases = [(name, busy) for busy in (False, True) for name in settings]
     results: dict[str, dict[str, list[float]]] = {}
     for round_number in range(args.rounds):
         shift = round_number % len(cases)
@@ -96,7 +120,10 @@ def main() -> None:
             if neighbour is not None:
                 neighbour.start()
             try:
-                figures = serve_once(SETTINGS[name], messages)
+                if args.main_job:
+                    figures = train_once(MAIN_JOB[name], args.main_job)
+                else:
+                    figures = serve_once(SETTINGS[name], messages)
             finally:
                 if neighbour is not None:
                     stop.set()
@@ -105,11 +132,10 @@ def main() -> None:
             for metric, value in figures.items():
                 results.setdefault(key, {}).setdefault(metric, []).append(value)
             print(key, {k: round(v, 4) for k, v in figures.items()}, flush=True)
-    print(f"\n{'setting':40} {'tokens/s (32 concurrent)':>26} {'s/token (batch 1)':>20}")
+    print()
     for key, metrics in results.items():
-        rate = statistics.median(metrics["tokens_per_s"])
-        per_token = statistics.median(metrics["batch1_s_per_token"])
-        print(f"{key:40} {rate:26.1f} {per_token:20.4f}")
+        medians = {metric: round(statistics.median(v), 4) for metric, v in metrics.items()}
+        print(f"{key:40} {medians}")
     if args.json is not None:
         report = {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0))}
         args.json.write_text(json.dumps({**report, "results": results}, indent=2) + "\n")
