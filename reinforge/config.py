@@ -79,13 +79,13 @@ class Config(Section):
     @model_validator(mode="after")
     def _transports_fit_the_cluster(self) -> Self:
         engines = self.engines
-        if isinstance(engines, SpawnedEngines) and engines.weight_sync == "object_store":
+        if isinstance(engines, SpawnedEngines) and engines.weight_sync.kind == "object_store":
             if self.cluster.backend != "ray":
                 raise ValueError(
                     'engines.weight_sync is "object_store", Ray\'s: it needs '
                     'cluster.backend = "ray"'
                 )
-        if isinstance(engines, SpawnedEngines) and engines.weight_sync == "broadcast":
+        if isinstance(engines, SpawnedEngines) and engines.weight_sync.kind == "broadcast":
             if self.cluster.backend != "local":
                 raise ValueError(
                     'engines.weight_sync is "broadcast", over the run\'s machine: it needs '

@@ -35,6 +35,12 @@ def tagged(key: str, default: str) -> Discriminator:
     return Discriminator(tag)
 
 
+def by_kind(value: Any) -> Any:
+    """`truncated = "mask"`: a variant named by its kind alone, all else its defaults (a
+    union's `BeforeValidator`)."""
+    return {"kind": value} if isinstance(value, str) else value
+
+
 def variant_tag(model: type[BaseModel]) -> tuple[str, str] | None:
     """The tag of a union's variant, as (key, value): its field of one literal value
     (`kind = "spawned"`, `mode = "sync"`); None for a class that is no variant."""

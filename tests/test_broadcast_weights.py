@@ -32,7 +32,7 @@ from reinforge.train.trainer import Trainer
 from .commands import ROOT, tiny_train
 from .test_remote_engine import assert_samples_with
 
-BROADCAST = ("engines.kind=spawned", "engines.count=2", "engines.weight_sync=broadcast")
+BROADCAST = ("engines.kind=spawned", "engines.count=2", "engines.weight_sync.kind=broadcast")
 SEQUENCE = [5, 6, 7, 8, 9, 10, 11, 12]
 
 
@@ -120,7 +120,7 @@ async def test_a_broadcast_reaches_every_engine_and_a_restarted_one_catches_up(t
 
 
 async def test_an_engine_killed_mid_broadcast_costs_that_push_its_engine_alone(tmp_path):
-    config, model, trainer, tokenizer = _setup(tmp_path, "engines.broadcast_timeout_s=60")
+    config, model, trainer, tokenizer = _setup(tmp_path, "engines.weight_sync.timeout_s=60")
     engine = await open_engine(config, trainer, tokenizer, 0)
     assert isinstance(engine, RemoteEngine) and isinstance(engine.processes, EngineProcesses)
     victim = engine.processes.processes[1]
@@ -150,7 +150,7 @@ async def test_an_engine_killed_mid_broadcast_costs_that_push_its_engine_alone(t
 
 
 async def test_an_engine_that_hangs_costs_a_push_the_groups_timeout(tmp_path):
-    config, model, trainer, tokenizer = _setup(tmp_path, "engines.broadcast_timeout_s=3")
+    config, model, trainer, tokenizer = _setup(tmp_path, "engines.weight_sync.timeout_s=3")
     engine = await open_engine(config, trainer, tokenizer, 0)
     assert isinstance(engine, RemoteEngine) and isinstance(engine.processes, EngineProcesses)
     hung = engine.processes.processes[1]

@@ -204,6 +204,12 @@ SERVED = ["engines.kind=served", "engines.url=http://x/v1"]
             'engines.kind = "served"',
             "spawned",
         ),
+        (
+            ["engines.kind=spawned", "engines.weight_sync.timeout_s=3"],
+            "engines.weight_sync.timeout_s",
+            'engines.weight_sync.kind = "broadcast"',
+            "file",
+        ),
     ],
 )
 def test_a_key_of_another_variant_is_one_line_naming_the_variants_that_hold_it(

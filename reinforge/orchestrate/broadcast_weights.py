@@ -7,7 +7,7 @@ push's manifest and version.
 
 The group is the sync's own: a store the run's process listens on and a group made from
 it (`ProcessGroupGloo`), never torch's default group, which a sharded trainer's ranks hold.
-Its timeout (`engines.broadcast_timeout_s`) bounds the forming of the group and each push
+Its timeout (`engines.weight_sync.timeout_s`) bounds the forming of the group and each push
 over it, so an engine that dies mid-push costs at most that long. The push reports it gone
 (its supervisor restarts it), the group is formed again from the engines still up at the
 next push, and the restarted engine catches up on the last push by a file, as `FilePush`
@@ -148,7 +148,7 @@ class BroadcastPush(EngineLinks):
             if not gone:  # every engine answered, yet the group did not form
                 raise UsageError(
                     f"the engines' weights group did not form within {self._timeout_s:g} s "
-                    "(engines.broadcast_timeout_s)"
+                    "(engines.weight_sync.timeout_s)"
                 )
             for index in gone:
                 self._joined[index] = False

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, Tag, field_validator
+from pydantic import BeforeValidator, Field, Tag, field_validator
 
-from reinforge.types import Section, tagged
+from reinforge.types import Section, by_kind, tagged
 
 
 class RunConfig(Section):
@@ -159,6 +159,44 @@ class ServedEngine(Section):
     """The `server.weights_token` it was started with."""
 
 
+class FileSync(Section):
+    """One safetensors file of the run's node that every engine loads by its path."""
+
+    kind: Literal["file"] = "file"
+
+
+class ObjectStoreSync(Section):
+    """(`cluster.backend = "ray"`) Cast to `engine.dtype`, packed in buckets and put once in
+    Ray's object store, from which each engine's actor takes them on its own node and
+    hands them to its engine over localhost; no path crosses nodes, and a restarted engine
+    catches up from the last push kept there."""
+
+    kind: Literal["object_store"] = "object_store"
+
+
+class BroadcastSync(Section):
+    """(`cluster.backend = "local"`) Cast to `engine.dtype` and broadcast in buckets over a
+    gloo process group of the run's process and its engines, each engine copying one bucket
+    in while the next arrives; no file is written, and a restarted engine catches up from
+    a file of the last push."""
+
+    kind: Literal["broadcast"] = "broadcast"
+    timeout_s: float = Field(30.0, gt=0.0)
+    """The longest the weights group may take to form, and each push over it. An engine
+    that dies or hangs mid-push costs the push this long at most, then the push goes on
+    without it and the group forms again from the engines up. The sync's own, apart from
+    the trainer's: keep it short."""
+
+
+WeightSyncConfig = Annotated[
+    Annotated[FileSync, Tag("file")]
+    | Annotated[ObjectStoreSync, Tag("object_store")]
+    | Annotated[BroadcastSync, Tag("broadcast")],
+    tagged("kind", "file"),
+    BeforeValidator(by_kind),
+]
+
+
 class SpawnedEngines(Section):
     """`reinforge serve` processes that the run starts with its model, engine and sampling
     settings, where `cluster.backend` puts them, and stops when it ends. Each episode goes
@@ -174,21 +212,9 @@ class SpawnedEngines(Section):
     or stopped answering; one more death stops the run. 0: the first death stops it."""
     resources: Resources = Field(default_factory=Resources)
     """Each engine's resources."""
-    weight_sync: Literal["file", "object_store", "broadcast"] = "file"
-    """How new weights reach the engines. file: one safetensors file of the run's node
-    that every engine loads by its path. object_store (`cluster.backend = "ray"`): cast to
-    `engine.dtype`, packed in buckets and put once in Ray's object store, from which each
-    engine's actor takes them on its own node and hands them to its engine over localhost;
-    no path crosses nodes, and a restarted engine catches up from the last push kept there.
-    broadcast (`cluster.backend = "local"`): cast to `engine.dtype` and broadcast in buckets
-    over a gloo process group of the run's process and its engines, each engine copying
-    one bucket in while the next arrives; no file is written, and a restarted engine
-    catches up from a file of the last push."""
-    broadcast_timeout_s: float = Field(30.0, gt=0.0)
-    """With `weight_sync = "broadcast"`: the longest the weights group may take to form,
-    and each push over it. An engine that dies or hangs mid-push costs the push this long
-    at most, then the push goes on without it and the group forms again from the engines
-    up. The sync's own, apart from the trainer's: keep it short."""
+    weight_sync: WeightSyncConfig = Field(default_factory=FileSync)
+    """How new weights reach the engines (`weight_sync = "object_store"` names a variant
+    with its defaults)."""
 
 
 EnginesConfig = Annotated[

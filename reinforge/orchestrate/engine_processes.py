@@ -33,7 +33,7 @@ import torch
 from reinforge.config import Config, ServeConfig
 from reinforge.errors import UsageError
 from reinforge.orchestrate.broadcast_weights import BroadcastPush
-from reinforge.orchestrate.config import SpawnedEngines
+from reinforge.orchestrate.config import BroadcastSync, SpawnedEngines
 from reinforge.orchestrate.weight_sync import EngineLinks, FilePush
 from reinforge.policy.config import ServerConfig
 
@@ -111,9 +111,9 @@ class EngineProcesses:
 
     def weight_sync(self) -> EngineLinks:
         """Processes of this machine load a file of it, or take a broadcast."""
-        if self.spawned.weight_sync == "broadcast":
-            timeout_s = self.spawned.broadcast_timeout_s
-            return BroadcastPush(self.urls, self.token, self.dtype, timeout_s)
+        sync = self.spawned.weight_sync
+        if isinstance(sync, BroadcastSync):
+            return BroadcastPush(self.urls, self.token, self.dtype, sync.timeout_s)
         return FilePush(self.urls, self.token, supervised=True)
 
     def log(self, index: int) -> Path:

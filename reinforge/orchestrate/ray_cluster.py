@@ -286,7 +286,7 @@ class RayEngines:
         self._actors: list[Any] = []
         self._ports: list[int | None] = [None] * spawned.count
         """Each engine's port once it has one: a restarted actor takes it again."""
-        self._transport = spawned.weight_sync
+        self._transport = spawned.weight_sync.kind
         self._dtype = getattr(torch, config.engine.dtype)
         self._copies = LogCopies([self.log(i) for i in range(spawned.count)], self._now)
 

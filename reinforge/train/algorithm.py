@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import replace
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BeforeValidator, Field, Tag
 
@@ -26,7 +26,7 @@ from reinforge.train.token_weights import (
     TokenMean,
     Variant,
 )
-from reinforge.types import Status, tagged
+from reinforge.types import Status, by_kind, tagged
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -113,17 +113,12 @@ class Penalize(_Truncation):
         return super().training_reward(trajectory)
 
 
-def _by_kind(value: Any) -> Any:
-    """`truncated = "mask"`: a variant named by its kind alone, all else its defaults."""
-    return {"kind": value} if isinstance(value, str) else value
-
-
 TruncatedConfig = Annotated[
     Annotated[Keep, Tag("keep")]
     | Annotated[Mask, Tag("mask")]
     | Annotated[Penalize, Tag("penalize")],
     tagged("kind", "keep"),
-    BeforeValidator(_by_kind),
+    BeforeValidator(by_kind),
 ]
 
 
