@@ -30,16 +30,14 @@ import uvicorn
 from fastapi import FastAPI
 
 from reinforge.envs.episode import Episode
+from reinforge.policy.api_errors import APIError, bad_request, install_guards
 from reinforge.policy.chat import parse_tool_calls
 from reinforge.policy.choices import envelope, usage
 from reinforge.policy.client import ChatClient, EpisodeLimit, EpisodeMisuse, Reply
 from reinforge.policy.requests import (
-    APIError,
     ChatRequest,
-    bad_request,
     chat_messages,
     checked_tools,
-    install_guards,
 )
 from reinforge.types import Message
 

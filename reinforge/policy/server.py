@@ -35,8 +35,8 @@ constrain or inject tokens to meet a request.
 A body past `server.max_request_bytes` is refused before it is parsed, and prompts are
 rendered and tokenised in a worker thread: a long one takes seconds, which `/health` and
 every other request would otherwise wait out. The JSON of a choice is
-`choices.py`'s, a stream's events `streaming.py`'s, and the request models and errors
-`requests.py`'s. docs/server.md describes the API.
+`choices.py`'s, a stream's events `streaming.py`'s, the request models `requests.py`'s,
+and the errors and the size guard `api_errors.py`'s. docs/server.md describes the API.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from fastapi.responses import StreamingResponse
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from reinforge.policy.api_errors import APIError, bad_request, install_guards
 from reinforge.policy.backends import SamplingEngine
 from reinforge.policy.chat import ChatFormat, TemplateError
 from reinforge.policy.choices import ChoiceWriter, Json, Prompt, response
@@ -57,17 +58,14 @@ from reinforge.policy.config import ServerConfig
 from reinforge.policy.engine_thread import Completion
 from reinforge.policy.pause import Pause
 from reinforge.policy.requests import (
-    APIError,
     ChatRequest,
     CompletionRequest,
     GroupJoin,
     PauseRequest,
     WeightsBroadcast,
     WeightsUpdate,
-    bad_request,
     chat_messages,
     checked_tools,
-    install_guards,
 )
 from reinforge.policy.sampling import SamplingParams
 from reinforge.policy.streaming import stream

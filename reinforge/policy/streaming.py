@@ -31,10 +31,11 @@ from dataclasses import dataclass
 from fastapi.responses import StreamingResponse
 from transformers import PreTrainedTokenizerBase
 
+from reinforge.policy.api_errors import error_body
 from reinforge.policy.backends import SamplingEngine
 from reinforge.policy.choices import ChoiceWriter, Json, Prompt, envelope, usage
 from reinforge.policy.engine_thread import Completion, Sampled, TokenListener
-from reinforge.policy.requests import ChatRequest, CompletionRequest, error_body
+from reinforge.policy.requests import ChatRequest, CompletionRequest
 from reinforge.policy.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
