@@ -161,17 +161,10 @@ def _said_twice(log: Path, line: str, run: subprocess.Popen[str]) -> bool:
     return False
 
 
-@pytest.mark.timeout(1800)
-def test_an_engine_killed_on_host_b_comes_back_and_catches_up_from_the_object_store(
-    hosts, tmp_path
-):
-    """SIGKILL of engine 0's process on host B once step 1 is recorded: its actor starts it
-    again at its port, it takes the last push from the object store, and the later steps
-    sync both engines. Its log, kept on host B, reaches the run's directory as it grows:
-    the restart is seen there, while the run goes on. Steps past the second wait for it
-    (`release`)."""
-    release = tmp_path / "release"
-    argv = tiny_train(
+def _held_run_on_b(hosts: TwoHosts, tmp_path: Path, release: Path) -> list[str]:
+    """Four steps with two engines on host B through the object store; steps past the
+    second wait until `release` exists."""
+    return tiny_train(
         tmp_path,
         "run.steps=4",
         "cluster.backend=ray",
@@ -183,6 +176,19 @@ def test_an_engine_killed_on_host_b_comes_back_and_catches_up_from_the_object_st
         f"env.name={RELEASE_ENV}",
         f"env.args.release={str(release)!r}",
     )
+
+
+@pytest.mark.timeout(1800)
+def test_an_engine_killed_on_host_b_comes_back_and_catches_up_from_the_object_store(
+    hosts, tmp_path
+):
+    """SIGKILL of engine 0's process on host B once step 1 is recorded: its actor starts it
+    again at its port, it takes the last push from the object store, and the later steps
+    sync both engines. Its log, kept on host B, reaches the run's directory as it grows:
+    the restart is seen there, while the run goes on. Steps past the second wait for it
+    (`release`)."""
+    release = tmp_path / "release"
+    argv = _held_run_on_b(hosts, tmp_path, release)
     run = subprocess.Popen(
         hosts.on_a(argv), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
@@ -226,18 +232,7 @@ def test_losing_host_b_ends_the_run_in_one_line(tmp_path):
     end by finishing."""
     require_extra("ray", "ray")
     with two_hosts() as hosts:
-        argv = tiny_train(
-            tmp_path,
-            "run.steps=4",
-            "cluster.backend=ray",
-            f'cluster.address="{hosts.address}"',
-            "engines.kind=spawned",
-            "engines.count=2",
-            "engines.resources.custom={host_b=1}",
-            "engines.weight_sync=object_store",
-            f"env.name={RELEASE_ENV}",
-            f"env.args.release={str(tmp_path / 'release')!r}",
-        )
+        argv = _held_run_on_b(hosts, tmp_path, tmp_path / "release")
         run = subprocess.Popen(
             hosts.on_a(argv), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             text=True,
