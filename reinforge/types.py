@@ -96,13 +96,33 @@ class Status(StrEnum):
     TIMEOUT = "timeout"
 
 
+class TurnTime(BaseModel):
+    """One policy turn's seconds: what a reader needs to see which turn of a long
+    episode was slow, and whether the policy or the environment made it so."""
+
+    generate_s: float = 0.0
+    """Waiting on the policy for the turn's reply."""
+    env_s: float = 0.0
+    """The environment's answer to it: the reply's tool calls, or its response."""
+
+
 class Timings(BaseModel):
     generate_s: float = 0.0
     """Seconds spent waiting on the policy."""
     env_s: float = 0.0
-    """Seconds in the environment: tools, feedback, opponent moves."""
+    """Seconds in the environment: tools, feedback, opponent moves; `start_s`, `tools_s`
+    and `stop_s` are parts of it."""
+    start_s: float = 0.0
+    """The environment's `start`: acquiring a sandbox and writing the task's files."""
+    tools_s: float = 0.0
+    """The environment's answers to the turns: tool calls, feedback, opponent moves."""
+    stop_s: float = 0.0
+    """The environment's `stop`: for a sandbox task, copying the workspace out and
+    running the verifier on it (its grading)."""
     score_s: float = 0.0
+    """The rubric's share of its group's scoring time."""
     total_s: float = 0.0
+    turns: list[TurnTime] = Field(default_factory=list)
 
 
 class Trajectory(BaseModel):

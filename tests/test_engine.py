@@ -194,6 +194,9 @@ async def test_a_continuation_reuses_cached_states_and_keeps_exact_logprobs(tiny
     # Everything but the last sampled token of the first turn was cached.
     assert tiny_engine.stats.cached_tokens - cached_before == len(first_prompt) + 4
     assert tiny_engine.stats.prefill_tokens - computed_before == 4
+    stats = tiny_engine.stats  # the model's time, split: both kinds of step were taken
+    assert stats.prefill_s > 0 and stats.decode_s > 0
+    assert stats.prefill_s + stats.decode_s <= stats.busy_s
     expected = teacher_forced_logprobs(tiny_engine, follow_up, second.token_ids)
     assert torch.allclose(torch.tensor(second.logprobs), expected, atol=1e-4)
 

@@ -73,6 +73,42 @@ async def test_multi_turn_records_are_exactly_what_the_engine_sampled(
         assert token_record_problems(trajectory, chat_format) == []
 
 
+async def test_a_rollouts_time_is_split_into_its_parts_and_its_turns(client):
+    class Slow(Chatty):
+        """Each part takes a known least time: the timings must hold it where it went."""
+
+        async def start(self, episode: Episode) -> None:
+            await asyncio.sleep(0.05)
+
+        async def stop(self, episode: Episode) -> None:
+            await asyncio.sleep(0.1)
+
+        async def respond(self, episode: Episode) -> Continue | Finished:
+            await asyncio.sleep(0.03 * episode.turns)
+            return await super().respond(episode)
+
+    env = Slow(Harness(max_turns=5, max_tokens_per_turn=6), Rubric(Reward(length)))
+    (group,) = await generate_groups(env, tasks(1), client, RolloutConfig(), 2, 1)
+    for trajectory in group.trajectories:
+        timings = trajectory.timings
+        assert timings.start_s >= 0.05 and timings.stop_s >= 0.1
+        assert len(timings.turns) == trajectory.turns == 3
+        for turn, part in enumerate(timings.turns, start=1):
+            assert part.env_s >= 0.03 * turn and part.generate_s > 0
+        assert timings.tools_s == pytest.approx(sum(t.env_s for t in timings.turns))
+        assert timings.generate_s >= sum(t.generate_s for t in timings.turns) - 1e-9
+        parts = timings.start_s + timings.tools_s + timings.stop_s
+        assert parts <= timings.env_s + 1e-6
+        assert timings.generate_s + timings.env_s + timings.score_s == pytest.approx(
+            timings.total_s
+        )
+    seconds = summarize([group], 1.0).seconds
+    mean = [sum(getattr(t.timings, part) for t in group.trajectories) / 2 for part in
+            ("start_s", "tools_s", "stop_s")]  # fmt: skip
+    assert [seconds.start_s, seconds.tools_s, seconds.stop_s] == pytest.approx(mean)
+    assert len(seconds.turns) == 3 and seconds.turns[2].env_s >= 0.09
+
+
 async def test_failures_are_statuses_and_the_run_goes_on(client):
     class Flaky(Environment):
         async def respond(self, episode: Episode) -> Finished:

@@ -45,6 +45,11 @@ def test_a_tiny_run_writes_metrics_trajectories_and_loadable_checkpoints(tmp_pat
             "rollout_idle_s",
             "total_s",
         }
+        model = row["model"]  # the engine in this process: its share of the step
+        assert model["prefill_s"] > 0 and model["decode_s"] > 0
+        assert model["prefill_s"] + model["decode_s"] <= model["busy_s"] + 1e-6
+        assert model["busy_s"] + model["idle_s"] == pytest.approx(row["time"]["total_s"])
+        assert row["seconds"]["generate_s"] > 0 and len(row["seconds"]["turns"]) == 1
         assert row["staleness_max"] == 0 and row["dropped_stale"] == 0
         assert row["train"]["grad_norm"] > 0 and row["zero_variance_groups"] == 0
     assert [r["policy_version"] for r in rows] == [1, 2, 3]

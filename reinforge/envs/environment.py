@@ -13,6 +13,7 @@ that hangs fails its rollout, not the run.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -138,10 +139,12 @@ class Environment:
         cancelled at its time limit."""
         episode = episode or self.new_episode(task)
         try:
-            await self.start(episode)
+            with episode.clock.timing("start_s"):
+                await self.start(episode)
             await self._play(client, episode)
         finally:
-            await self.stop(episode)
+            with episode.clock.timing("stop_s"):
+                await self.stop(episode)
         return episode
 
     async def _play(self, client: ChatClient, episode: Episode) -> None:
@@ -167,15 +170,18 @@ class Environment:
             # A turn cut at the token limit goes to the environment like any other (it may
             # call it invalid); the episode counts as truncated if it ends on such a turn.
             episode.truncated = reply.truncated
+            answering = time.perf_counter()
             results = await self._run_tools(client, episode, reply.message) if tools else []
             if results:  # the reply called tools, or tried to
                 episode.add(results)
-                # The end reached through a tool, on any turn.
-                if await in_thread(self.is_done, episode):
+                done = await in_thread(self.is_done, episode)  # through a tool, on any turn
+                episode.clock.turns_s.append(time.perf_counter() - answering)
+                if done:
                     episode.truncated = False
                     return
                 continue
             step = await respond(episode)
+            episode.clock.turns_s.append(time.perf_counter() - answering)
             if isinstance(step, Finished):
                 return
             episode.add(step.messages)

@@ -2,14 +2,36 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from reinforge.policy.chat import CHAT_API_FORMAT, ToolFormat, with_tool_prompt
 from reinforge.types import Message, Task
 
 if TYPE_CHECKING:
     from reinforge.envs.tools import Tool
+
+
+@dataclass
+class EpisodeClock:
+    """Where the environment's time went in one episode; the rollout's timings report it."""
+
+    start_s: float = 0.0
+    stop_s: float = 0.0
+    turns_s: list[float] = field(default_factory=list)
+    """Each turn's answer: its tool calls, or the environment's response to it."""
+
+    @contextmanager
+    def timing(self, part: Literal["start_s", "stop_s"]) -> Iterator[None]:
+        """Time the body as `part`, however it ends."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            setattr(self, part, time.perf_counter() - started)
 
 
 @dataclass
@@ -45,6 +67,7 @@ class Episode:
     reasoning level a rollout drew, a Harbor grading), each under its type, which only
     its owner reads; never serialised: what users see goes into `state`, or into the
     trajectory's info."""
+    clock: EpisodeClock = field(default_factory=EpisodeClock, repr=False)
 
     def add(self, messages: list[Message]) -> None:
         """Append messages from outside the policy (tool results, the environment's

@@ -34,6 +34,7 @@ from reinforge.orchestrate.weight_sync import (
 from reinforge.policy.backends import SamplingEngine, load_engine
 from reinforge.policy.client import PolicyClient
 from reinforge.policy.engine import Engine
+from reinforge.policy.engine_thread import EngineStats
 from reinforge.policy.router import Router
 from reinforge.train.batching import TrainBatch
 from reinforge.train.trainable import full_weights
@@ -54,6 +55,10 @@ class PolicyEngine(Protocol):
 
     def training(self) -> AbstractContextManager[None]:
         """Held while the trainer trains and pushes: partial mode pauses decoding."""
+        ...
+
+    def model_stats(self) -> EngineStats | None:
+        """The running stats of a built-in engine in this process; None for any other."""
         ...
 
     async def aclose(self) -> None: ...
@@ -105,6 +110,9 @@ class LocalEngine:
 
     def training(self) -> AbstractContextManager[None]:
         return self.engine.paused() if self.pause_while_training else nullcontext()
+
+    def model_stats(self) -> EngineStats | None:
+        return self.engine.stats if isinstance(self.engine, Engine) else None
 
     async def aclose(self) -> None:
         await self.router.aclose()
@@ -194,6 +202,9 @@ class RemoteEngine:
         finally:  # every engine resumes, should some have refused to pause
             if lease is not None:
                 self.sync.post_all("/resume", {}, "resume decoding")
+
+    def model_stats(self) -> EngineStats | None:
+        return None
 
     async def aclose(self) -> None:
         await self.router.aclose()

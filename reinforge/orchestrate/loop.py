@@ -91,7 +91,7 @@ async def train(
         closing.push_async_callback(env.aclose)
         run = await _Run.open(config, env, tokenizer, start, overwrite, closing)
         per_step = config.rollout.tasks_per_step
-        clock, finishing = StepClock(), _Finishing()
+        clock, finishing = StepClock(run.engine.model_stats()), _Finishing()
         try:
             for step in range(start.step + 1, config.run.steps + 1):
                 # 1. rollout: the first groups to finish, none staler than the bound
@@ -295,6 +295,7 @@ class _Run:
             traffic=self.engine.router.take_traffic(),
             restarts=self.supervisor.take_restarts(),
             teacher_s=clock.took("teacher_s") if self.config.distill else None,
+            model=clock.model,
         )
 
     def state(self) -> dict[str, Any]:

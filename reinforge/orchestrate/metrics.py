@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 from reinforge.orchestrate.weight_sync import Synced
 from reinforge.policy.client import Traffic
+from reinforge.policy.engine_thread import EngineStats
 from reinforge.rollout.summary import RolloutSummary
 from reinforge.train.trainer import Selection, TrainStats
 from reinforge.types import Record
@@ -36,13 +37,34 @@ class StepTime(Record):
     """From the end of the previous step to the end of this one."""
 
 
+class ModelTime(Record):
+    """The built-in engine in this process during the step: its prompts' forwards (with
+    their first tokens' sampling), its decode steps (with their sampling and retiring the
+    rows that finished), all its time holding the model (recomputing states after a weight
+    update too), and the rest of the step, when it computed nothing: the rollouts were
+    waiting on tools, sandboxes or graders, or the step on the trainer."""
+
+    prefill_s: float
+    decode_s: float
+    busy_s: float
+    idle_s: float
+
+
+def _model_parts(stats: EngineStats | None) -> tuple[float, float, float]:
+    return (0.0, 0.0, 0.0) if stats is None else (stats.prefill_s, stats.decode_s, stats.busy_s)
+
+
 class StepClock:
     """A step's wall time, taken as the loop runs it: each of its parts is timed with
     `part`, and `lap` ends the step, splitting its time into a `StepTime`."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: EngineStats | None = None) -> None:
         self._last_end = time.perf_counter()
         self._parts: dict[str, float] = {}
+        self._model, self._model_last = model, _model_parts(model)
+        self.model: ModelTime | None = None
+        """The share of the step `lap` ended last that `model`, the running stats of a
+        built-in engine in this process, spent; None without one."""
 
     @contextmanager
     def part(self, name: str) -> Iterator[None]:
@@ -61,12 +83,23 @@ class StepClock:
         `train_s`'s part, and is taken out of it."""
         now = time.perf_counter()
         total_s, self._last_end = now - self._last_end, now
+        self.model = self._model_lap(total_s)
         return StepTime(
             trainer_idle_s=self.took("trainer_idle_s"),
             train_s=self.took("train_s") - sync_s,
             sync_s=sync_s,
             rollout_idle_s=rollout_idle_s,
             total_s=total_s,
+        )
+
+    def _model_lap(self, total_s: float) -> ModelTime | None:
+        if self._model is None:
+            return None
+        now = _model_parts(self._model)
+        prefill_s, decode_s, busy_s = (a - b for a, b in zip(now, self._model_last, strict=True))
+        self._model_last = now
+        return ModelTime(
+            prefill_s=prefill_s, decode_s=decode_s, busy_s=busy_s, idle_s=max(total_s - busy_s, 0)
         )
 
 
@@ -148,6 +181,8 @@ class StepMetrics(RolloutSummary):
     """None when nothing trained (nothing to sync)."""
     engines: list[EngineLoad]
     """In engine order (the `engine-<i>.log` of the run's own engines)."""
+    model: ModelTime | None = None
+    """None when the engines run in other processes, or are vLLM."""
     restarts: int = 0
     """The run's engines restarted during the step, after their process died or stopped
     answering (`engines.restarts` bounds them over the run)."""
@@ -182,6 +217,7 @@ def step_metrics(
     traffic: list[Traffic],
     restarts: int = 0,
     teacher_s: float | None = None,
+    model: ModelTime | None = None,
 ) -> StepMetrics:
     """`summary` is `summarize` of the step's groups; staleness is the trainer's version
     when it trained (`trained_version`) minus the version that sampled each trained token.
@@ -222,6 +258,7 @@ def step_metrics(
         ],
         restarts=restarts,
         distill=None if teacher_s is None else _distill_stats(selection, teacher_s),
+        model=model,
     )
 
 

@@ -193,6 +193,8 @@ class EpisodeClient:
         self.turns: list[Turn] = []
         self.generate_s = 0.0
         """Seconds spent waiting on the policy."""
+        self.turns_s: list[float] = []
+        """Each answered turn's wait, its retries included."""
         self._sent: list[Message] = []
 
     @property
@@ -235,6 +237,7 @@ class EpisodeClient:
             logprobs=True,
             extra_body=extra or None,
         )
+        waited = self.generate_s
         while True:
             policy = self.policy or self.route()
             try:
@@ -246,6 +249,7 @@ class EpisodeClient:
                 self.policy = None
                 await self.lost(policy)
         self.policy = policy
+        self.turns_s.append(self.generate_s - waited)
         reply, prompt_ids = _reply(response)
         policy.traffic.requests += 1
         policy.traffic.sampled_tokens += len(reply.token_ids)

@@ -182,9 +182,13 @@ class Engine(EngineThread):
                         self._stale = False
                         self._recompute(batch)
                     if arrivals:
+                        prefilling = time.perf_counter()
                         self._prefill(batch, arrivals)
+                        self.stats.prefill_s += time.perf_counter() - prefilling
                     if batch.requests:
+                        decoding = time.perf_counter()
                         self._decode(batch)
+                        self.stats.decode_s += time.perf_counter() - decoding
                 self.stats.busy_s += time.perf_counter() - started
             except Exception as error:  # a failed step fails its requests, not the engine
                 fail_requests([*batch.requests, *arrivals], error)

@@ -85,6 +85,10 @@ class EngineStats:
     cached_tokens: int = 0
     decode_steps: int = 0
     busy_s: float = 0.0
+    """Time holding the model for steps; `prefill_s` and `decode_s` (the built-in engine's
+    split of it) are parts of it, each with the sampling and bookkeeping of its tokens."""
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
     recomputed_tokens: int = 0
     """Tokens of running rows whose states were computed again after a weight update."""
     sync_s: float = 0.0

@@ -14,6 +14,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import zip_longest
 
 from reinforge.envs.blocking import LoopBlocked, guarded, in_thread
 from reinforge.envs.environment import Environment, jsonable
@@ -23,7 +24,7 @@ from reinforge.envs.rubric import GraderError, Scores
 from reinforge.errors import describe
 from reinforge.policy.client import EpisodeClient, EpisodeSource
 from reinforge.rollout.config import RolloutConfig
-from reinforge.types import Group, Status, Task, Timings, Trajectory
+from reinforge.types import Group, Status, Task, Timings, Trajectory, TurnTime
 
 
 @dataclass
@@ -146,6 +147,12 @@ def _record(
         generate_s=client.generate_s, env_s=max(elapsed - client.generate_s, 0.0), total_s=elapsed
     )
     if episode is not None:
+        clock, timings = episode.clock, trajectory.timings
+        timings.start_s, timings.stop_s = clock.start_s, clock.stop_s
+        timings.tools_s = sum(clock.turns_s)
+        # The last reply goes unanswered when the episode ends on it (turns or tokens spent).
+        paired = zip_longest(client.turns_s, clock.turns_s, fillvalue=0.0)
+        timings.turns = [TurnTime(generate_s=g, env_s=e) for g, e in paired]
         episode.sampled_token_ids = trajectory.sampled_turns
         trajectory.messages = episode.messages
         trajectory.turns = episode.turns

@@ -12,7 +12,7 @@ from reinforge.envs.recipes.augment import VariantStats, variant_metrics
 from reinforge.envs.recipes.levels import LevelStats, level_metrics
 from reinforge.envs.recipes.loops import loop_rates
 from reinforge.errors import TooManyErrors
-from reinforge.types import Group, Record, Status
+from reinforge.types import Group, Record, Status, Trajectory, TurnTime
 
 SCORED = (Status.OK, Status.TRUNCATED)
 
@@ -22,6 +22,21 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+class RolloutSeconds(Record):
+    """Where a rollout's time went, each part's mean over the rollouts (`Timings`): the
+    policy's replies, the environment's start, answers and stop (a sandbox task's grading),
+    the rubric; and each turn's, over the rollouts that reached it. Rollouts run
+    concurrently, so these are not shares of the step's wall time."""
+
+    generate_s: float
+    start_s: float
+    tools_s: float
+    stop_s: float
+    score_s: float
+    total_s: float
+    turns: list[TurnTime]
 
 
 class RolloutSummary(Record):
@@ -67,6 +82,7 @@ class RolloutSummary(Record):
     """Rollouts carrying each hack detector's flag."""
     status: dict[str, int]
     """Rollouts by how they ended."""
+    seconds: RolloutSeconds
 
 
 def summarize(groups: list[Group], pass_threshold: float) -> RolloutSummary:
@@ -110,6 +126,30 @@ def summarize(groups: list[Group], pass_threshold: float) -> RolloutSummary:
         variants=variant_metrics(trajectories),
         hack_flags=hack_counts(trajectories),
         status={s.value: n for s, n in status.items()},
+        seconds=_seconds(trajectories),
+    )
+
+
+def _seconds(trajectories: list[Trajectory]) -> RolloutSeconds:
+    timings = [t.timings for t in trajectories]
+    turns = [
+        [t.turns[turn] for t in timings if len(t.turns) > turn]
+        for turn in range(max((len(t.turns) for t in timings), default=0))
+    ]
+    return RolloutSeconds(
+        generate_s=_mean([t.generate_s for t in timings]),
+        start_s=_mean([t.start_s for t in timings]),
+        tools_s=_mean([t.tools_s for t in timings]),
+        stop_s=_mean([t.stop_s for t in timings]),
+        score_s=_mean([t.score_s for t in timings]),
+        total_s=_mean([t.total_s for t in timings]),
+        turns=[
+            TurnTime(
+                generate_s=_mean([t.generate_s for t in reached]),
+                env_s=_mean([t.env_s for t in reached]),
+            )
+            for reached in turns
+        ],
     )
 
 
