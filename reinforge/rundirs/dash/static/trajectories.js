@@ -157,6 +157,8 @@ function renderDetail() {
   const mode = $("colour").value;
   const sampled = d.loss_mask.filter((m) => m === 1).length;
   const versions = [...new Set(d.policy_versions)];
+  const t = d.timings;
+  const secs = (value) => (value ?? 0).toFixed(2);  // a part older runs did not record is 0
   const notTrained = noAdvantages
     ?? "not trained: errored, its group's rewards were all equal, or a masked truncation";
   const facts = [
@@ -167,8 +169,12 @@ function renderDetail() {
     ["turns", `${d.turns} (${d.tool_errors} tool errors)`],
     ["tokens", `${d.token_ids.length}, ${sampled} sampled`],
     ["policy versions", versions.length ? versions.join(", ") : "–"],
-    ["seconds", `${d.timings.total_s.toFixed(2)} (generate ${d.timings.generate_s.toFixed(2)}, `
-      + `environment ${d.timings.env_s.toFixed(2)}, score ${d.timings.score_s.toFixed(2)})`],
+    ["seconds", `${secs(t.total_s)} (generate ${secs(t.generate_s)}, environment `
+      + `${secs(t.env_s)}: start ${secs(t.start_s)}, answers ${secs(t.tools_s)}, `
+      + `stop ${secs(t.stop_s)}; score ${secs(t.score_s)})`],
+    ["seconds by turn", (t.turns || []).length
+      ? t.turns.map((turn) => `${secs(turn.generate_s)} + ${secs(turn.env_s)}`).join(", ")
+      : "–"],
   ];
   const hasTokens = d.token_texts !== null && d.token_ids.length > 0;
   $("detail").replaceChildren(el("div", {},
