@@ -35,7 +35,7 @@ from reinforge.rollout.summary import summarize
 from reinforge.rundirs import diff
 from reinforge.rundirs.dash.app import create_app
 from reinforge.train.trainer import TrainStats, select_for_training
-from reinforge.types import Group, Status, Task, Trajectory
+from reinforge.types import Group, Status, Task, Timings, Trajectory, TurnTime
 
 from .commands import reinforge
 
@@ -84,6 +84,16 @@ def _trajectory(chat: ChatFormat, task: Task, index: int, step: int, answer: str
         reward=correct,
         status=Status.TRUNCATED if index == 1 and step % 5 == 0 else Status.OK,
         turns=len(replies),
+        timings=Timings(
+            generate_s=0.5 * len(replies),
+            env_s=0.25,
+            tools_s=0.25,
+            total_s=0.5 * len(replies) + 0.25,
+            turns=[  # the feedback answers every reply but the last
+                TurnTime(generate_s=0.5, env_s=0.25 if turn < len(replies) - 1 else 0.0)
+                for turn in range(len(replies))
+            ],
+        ),
     )
 
 
@@ -310,6 +320,8 @@ def test_trajectory_viewer_marks_trained_tokens(
     assert _count(browser, ".tokens .tok:not(.trained)") == untrained
     tokens = browser.find_element("css selector", ".tokens").text
     assert "Not quite." in tokens and "What is" in tokens
+    detail = browser.find_element("id", "detail").text  # each turn's reply and answer
+    assert "answers 0.25" in detail and "0.50 + 0.25, 0.50 + 0.00" in detail
     if SHOTS:
         _open(browser, browser.current_url, ".tokens .tok.trained", "trajectories.png")
     # The errored rollout: filtered by status, with its error and no advantage.
