@@ -25,10 +25,12 @@ from reinforge.orchestrate.config import (
     InProcessEngine,
     LoopConfig,
     RunConfig,
+    ServedEngine,
     SpawnedEngines,
     SyncLoop,
 )
 from reinforge.policy.config import EngineConfig, ModelConfig, ServerConfig
+from reinforge.policy.specs import is_url
 from reinforge.rollout.config import RolloutConfig, TrainRolloutConfig
 from reinforge.train.config import OptimConfig, SFTConfig, TrainerConfig
 from reinforge.train.distill import DistillConfig
@@ -159,6 +161,10 @@ _SAMPLES_NOTHING = "not read by sft, which samples nothing"
 _RL_ONLY = "not read by sft, which trains on no rewards"
 _EVAL_ONLY = "read by `reinforge eval` only, for a model served at a URL"
 _CALIBRATED = "not read by sim predict: the profile measured it (give it to sim calibrate)"
+_NO_MODEL = "not read: a scripted agent (eval.agent oracle or nop) loads no model"
+_SERVED_AT_URL = "not read for a model served at a URL, which runs with its server's settings"
+_URL_ONLY = "read for a model served at a URL only (--model http://.../v1)"
+_SERVER_SAMPLES = 'not read with engines.kind = "served": the server samples with its settings'
 
 UNREAD: dict[str, dict[str, str | None]] = {
     "train": {"sft": "read by `reinforge sft` only", "model.served_name": _EVAL_ONLY},
@@ -176,6 +182,18 @@ UNREAD: dict[str, dict[str, str | None]] = {
         "trainer.truncated": _RL_ONLY,
         "trainer.uniform_groups": _RL_ONLY,
     },
+    "train, a served engine (teachers at URLs only)": {
+        "model.engine": _SERVER_SAMPLES,
+        "engine": _SERVER_SAMPLES,
+    },
+    "eval, a model loaded here": {"model.served_name": _URL_ONLY},
+    "eval, a model served at a URL": {
+        "model": _SERVED_AT_URL,
+        "model.name": None,
+        "model.served_name": None,
+        "engine": _SERVED_AT_URL,
+    },
+    "eval, a scripted agent": {"model": _NO_MODEL, "engine": _NO_MODEL},
     "serve": {"model.served_name": _EVAL_ONLY},
     "sim calibrate": {
         "": "not read by sim calibrate",
@@ -218,7 +236,8 @@ UNREAD: dict[str, dict[str, str | None]] = {
 a user who sets one. The longest listed prefix of a key decides: a reason means unread,
 None read ("" is every key); a key of no listed prefix is read. The command line refuses an
 unread key (an override or a flag) rather than ignore it; a config file may hold one, so
-that one file serves train, sft and sim."""
+that one file serves train, sft and sim. "COMMAND, WAY" lists what a command does not read
+when run one way (`reader`), besides COMMAND's own."""
 
 
 MOVED: dict[str, tuple[str, str]] = {
@@ -233,10 +252,27 @@ MOVED: dict[str, tuple[str, str]] = {
 sets one is refused in one line naming the new key."""
 
 
+def reader(command: str, config: Section) -> str:
+    """`UNREAD`'s name for `command` running `config`: some keys only some ways of running
+    a command read (an eval of a model served at a URL loads no engine)."""
+    if isinstance(config, EvalConfig):
+        if config.eval.agent != "model":
+            return "eval, a scripted agent"
+        if is_url(config.model.name):
+            return "eval, a model served at a URL"
+        return "eval, a model loaded here"
+    if command == "train" and isinstance(config, Config):
+        teachers = config.distill.teachers if config.distill is not None else []
+        loads_teachers = any(not is_url(teacher.model) for teacher in teachers)
+        if isinstance(config.engines, ServedEngine) and not loads_teachers:
+            return "train, a served engine (teachers at URLs only)"
+    return command
+
+
 def unread(command: str, key: str) -> str | None:
-    """Why `command` (`UNREAD`'s name for it) does not read the dotted `key`; None when it
-    does."""
-    rules = UNREAD.get(command, {})
+    """Why `command` (`UNREAD`'s name for it, or "COMMAND, WAY") does not read the dotted
+    `key`; None when it does."""
+    rules = UNREAD.get(command.partition(", ")[0], {}) | UNREAD.get(command, {})
     parts = key.split(".")
     for end in range(len(parts), -1, -1):
         prefix = ".".join(parts[:end])
