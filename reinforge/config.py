@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Self, TypeVar
 
@@ -165,6 +166,8 @@ _NO_MODEL = "not read: a scripted agent (eval.agent oracle or nop) loads no mode
 _SERVED_AT_URL = "not read for a model served at a URL, which runs with its server's settings"
 _URL_ONLY = "read for a model served at a URL only (--model http://.../v1)"
 _SERVER_SAMPLES = 'not read with engines.kind = "served": the server samples with its settings'
+_BUILTIN_ENGINE = 'not read by the built-in engine, only by model.engine = "vllm"'
+_VLLM_ENGINE = 'not read by vLLM, which admits requests itself, only by model.engine = "builtin"'
 
 UNREAD: dict[str, dict[str, str | None]] = {
     "train": {"sft": "read by `reinforge sft` only", "model.served_name": _EVAL_ONLY},
@@ -195,6 +198,11 @@ UNREAD: dict[str, dict[str, str | None]] = {
     },
     "eval, a scripted agent": {"model": _NO_MODEL, "engine": _NO_MODEL},
     "serve": {"model.served_name": _EVAL_ONLY},
+    "any command, the built-in engine": {"engine.vllm": _BUILTIN_ENGINE},
+    "any command, vLLM": {
+        "engine.admit_group": _VLLM_ENGINE,
+        "engine.admit_wait_steps": _VLLM_ENGINE,
+    },
     "sim calibrate": {
         "": "not read by sim calibrate",
         "model": None,
@@ -237,7 +245,8 @@ a user who sets one. The longest listed prefix of a key decides: a reason means 
 None read ("" is every key); a key of no listed prefix is read. The command line refuses an
 unread key (an override or a flag) rather than ignore it; a config file may hold one, so
 that one file serves train, sft and sim. "COMMAND, WAY" lists what a command does not read
-when run one way (`reader`), besides COMMAND's own."""
+when run one way, besides COMMAND's own ("any command": each that loads that engine;
+`readers`)."""
 
 
 MOVED: dict[str, tuple[str, str]] = {
@@ -252,27 +261,39 @@ MOVED: dict[str, tuple[str, str]] = {
 sets one is refused in one line naming the new key."""
 
 
-def reader(command: str, config: Section) -> str:
-    """`UNREAD`'s name for `command` running `config`: some keys only some ways of running
-    a command read (an eval of a model served at a URL loads no engine)."""
+def readers(command: str, config: Section) -> list[str]:
+    """The names in `UNREAD` of `command` running `config`: the command's own, then the
+    way it runs (an eval of a model served at a URL loads no engine) and the engine it
+    loads, if it loads one."""
+    names = [command]
+    loads_engine = command in ("train", "serve", "sim calibrate")
     if isinstance(config, EvalConfig):
         if config.eval.agent != "model":
-            return "eval, a scripted agent"
-        if is_url(config.model.name):
-            return "eval, a model served at a URL"
-        return "eval, a model loaded here"
+            names.append("eval, a scripted agent")
+        elif is_url(config.model.name):
+            names.append("eval, a model served at a URL")
+        else:
+            names.append("eval, a model loaded here")
+            loads_engine = True
     if command == "train" and isinstance(config, Config):
         teachers = config.distill.teachers if config.distill is not None else []
         loads_teachers = any(not is_url(teacher.model) for teacher in teachers)
         if isinstance(config.engines, ServedEngine) and not loads_teachers:
-            return "train, a served engine (teachers at URLs only)"
-    return command
+            names.append("train, a served engine (teachers at URLs only)")
+            loads_engine = False
+    model = getattr(config, "model", None)  # the trees of the commands that load one have it
+    if loads_engine and isinstance(model, ModelConfig):
+        builtin = model.engine == "builtin"
+        names.append("any command, the built-in engine" if builtin else "any command, vLLM")
+    return names
 
 
-def unread(command: str, key: str) -> str | None:
-    """Why `command` (`UNREAD`'s name for it, or "COMMAND, WAY") does not read the dotted
-    `key`; None when it does."""
-    rules = UNREAD.get(command.partition(", ")[0], {}) | UNREAD.get(command, {})
+def unread(names: Sequence[str], key: str) -> str | None:
+    """Why the command of `names` (`readers`) does not read the dotted `key`; None when it
+    does."""
+    rules: dict[str, str | None] = {}
+    for name in names:
+        rules |= UNREAD.get(name, {})
     parts = key.split(".")
     for end in range(len(parts), -1, -1):
         prefix = ".".join(parts[:end])

@@ -51,7 +51,8 @@ UNREAD_HEADER = """
 Set by an override or a flag, each is refused in one line naming it, with the reason below;
 a config file may hold it, so that one file serves train, sft and sim. The longest prefix
 listed for a command decides; every key of no listed prefix is read. A command run one way
-(an eval of a model served at a URL) also refuses the keys listed for that way.
+(an eval of a model served at a URL) also refuses the keys listed for that way, and one
+that loads an engine those its engine does not read.
 
 | command | key | |
 |---|---|---|"""
@@ -73,7 +74,9 @@ def reference() -> str:
     parts.append(UNREAD_HEADER)
     for command, rules in UNREAD.items():
         name, _, way = command.partition(", ")
-        shown = f"`reinforge {name}`" + (f", {way}" if way else "")
+        shown = (name if name == "any command" else f"`reinforge {name}`") + (
+            f", {way}" if way else ""
+        )
         for prefix, why in rules.items():
             key = f"`{prefix}`" if prefix else "(any key)"
             parts.append(f"| {shown} | {key} | {why or 'read'} |")

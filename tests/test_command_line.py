@@ -129,6 +129,16 @@ def test_the_config_modules_import_no_torch():
             "--model: not read: a scripted agent (eval.agent oracle or nop) loads no model",
         ),
         (
+            ["serve", "engine.vllm.kv_cache_mib=2048"],
+            "engine.vllm.kv_cache_mib: not read by the built-in engine, only by "
+            'model.engine = "vllm"',
+        ),
+        (
+            ["train", "model.engine=vllm", "engine.admit_group=2"],
+            "engine.admit_group: not read by vLLM, which admits requests itself, only by "
+            'model.engine = "builtin"',
+        ),
+        (
             ["train", "engines.kind=served", f"engines.url={URL}", "engine.max_batch=4"],
             'engine.max_batch: not read with engines.kind = "served": the server samples '
             "with its settings",
@@ -162,6 +172,10 @@ def test_an_override_the_command_reads_takes_effect():
     teacher = "distill.teachers=[{model = 'tiny-random'}]"
     args = parse(build_parser(), [*served, "engine.dtype=bfloat16", teacher])
     assert load_command_config(Config, args).engine.dtype == "bfloat16"  # the teacher's
+    args = parse(build_parser(), ["serve", "model.engine=vllm", "engine.vllm.kv_cache_mib=99"])
+    assert load_with_flags(ServeConfig, args, serve_command.FLAGS).engine.vllm.kv_cache_mib == 99
+    args = parse(build_parser(), ["train", "engines.kind=spawned", "engine.admit_group=2"])
+    assert load_command_config(Config, args).engine.admit_group == 2  # the built-in engine's
     args = parse(build_parser(), ["serve", "server.port=9", "--max-batch", "3"])
     config = load_with_flags(ServeConfig, args, serve_command.FLAGS)
     assert (config.server.port, config.engine.max_batch) == (9, 3)
