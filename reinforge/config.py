@@ -168,6 +168,10 @@ _URL_ONLY = "read for a model served at a URL only (--model http://.../v1)"
 _SERVER_SAMPLES = 'not read with engines.kind = "served": the server samples with its settings'
 _BUILTIN_ENGINE = 'not read by the built-in engine, only by model.engine = "vllm"'
 _VLLM_ENGINE = 'not read by vLLM, which admits requests itself, only by model.engine = "builtin"'
+_RAY_ONLY = "not read by the local backend, whose processes share this machine, only by Ray's"
+_SHARDED_ONLY = (
+    "not read by a trainer of one process, only by a sharded one (trainer.world_size > 1)"
+)
 
 UNREAD: dict[str, dict[str, str | None]] = {
     "train": {"sft": "read by `reinforge sft` only", "model.served_name": _EVAL_ONLY},
@@ -198,6 +202,15 @@ UNREAD: dict[str, dict[str, str | None]] = {
     },
     "eval, a scripted agent": {"model": _NO_MODEL, "engine": _NO_MODEL},
     "serve": {"model.served_name": _EVAL_ONLY},
+    "any command, the local backend": {
+        "cluster.address": _RAY_ONLY,
+        "cluster.rank": _RAY_ONLY,
+        "engines.resources": _RAY_ONLY,
+    },
+    "any command, a trainer of one process": {
+        "cluster.rank": _SHARDED_ONLY,
+        "trainer.collective_timeout_s": _SHARDED_ONLY,
+    },
     "any command, the built-in engine": {"engine.vllm": _BUILTIN_ENGINE},
     "any command, vLLM": {
         "engine.admit_group": _VLLM_ENGINE,
@@ -263,8 +276,9 @@ sets one is refused in one line naming the new key."""
 
 def readers(command: str, config: Section) -> list[str]:
     """The names in `UNREAD` of `command` running `config`: the command's own, then the
-    way it runs (an eval of a model served at a URL loads no engine) and the engine it
-    loads, if it loads one."""
+    way it runs (an eval of a model served at a URL loads no engine; a trainer of one
+    process on the local backend asks for no resources) and the engine it loads, if it
+    loads one."""
     names = [command]
     loads_engine = command in ("train", "serve", "sim calibrate")
     if isinstance(config, EvalConfig):
@@ -275,6 +289,11 @@ def readers(command: str, config: Section) -> list[str]:
         else:
             names.append("eval, a model loaded here")
             loads_engine = True
+    if command in ("train", "sft") and isinstance(config, Config):
+        if config.cluster.backend == "local":
+            names.append("any command, the local backend")
+        if config.trainer.world_size == 1:
+            names.append("any command, a trainer of one process")
     if command == "train" and isinstance(config, Config):
         teachers = config.distill.teachers if config.distill is not None else []
         loads_teachers = any(not is_url(teacher.model) for teacher in teachers)

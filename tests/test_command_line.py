@@ -129,6 +129,16 @@ def test_the_config_modules_import_no_torch():
             "--model: not read: a scripted agent (eval.agent oracle or nop) loads no model",
         ),
         (
+            ["train", "engines.kind=spawned", "engines.resources.cpus=2"],
+            "engines.resources.cpus: not read by the local backend, whose processes share "
+            "this machine, only by Ray's",
+        ),
+        (
+            ["sft", "trainer.collective_timeout_s=5"],
+            "trainer.collective_timeout_s: not read by a trainer of one process, only by a "
+            "sharded one (trainer.world_size > 1)",
+        ),
+        (
             ["serve", "engine.vllm.kv_cache_mib=2048"],
             "engine.vllm.kv_cache_mib: not read by the built-in engine, only by "
             'model.engine = "vllm"',
@@ -176,6 +186,10 @@ def test_an_override_the_command_reads_takes_effect():
     assert load_with_flags(ServeConfig, args, serve_command.FLAGS).engine.vllm.kv_cache_mib == 99
     args = parse(build_parser(), ["train", "engines.kind=spawned", "engine.admit_group=2"])
     assert load_command_config(Config, args).engine.admit_group == 2  # the built-in engine's
+    ray = ["train", "cluster.backend=ray", "cluster.address=auto", "trainer.world_size=2"]
+    args = parse(build_parser(), [*ray, "cluster.rank.cpus=2", "trainer.collective_timeout_s=5"])
+    config = load_command_config(Config, args)
+    assert (config.cluster.rank.cpus, config.trainer.collective_timeout_s) == (2, 5)
     args = parse(build_parser(), ["serve", "server.port=9", "--max-batch", "3"])
     config = load_with_flags(ServeConfig, args, serve_command.FLAGS)
     assert (config.server.port, config.engine.max_batch) == (9, 3)
