@@ -51,9 +51,12 @@ def probe(*args: str) -> tuple[dict, subprocess.CompletedProcess[str], float]:
     return json.loads(done.stdout.splitlines()[-1]), done, seconds
 
 
-@pytest.mark.parametrize("command", [*COMMANDS, None])
+@pytest.mark.parametrize(
+    "command",
+    [*COMMANDS, None, "sandbox run", "sandbox bench", "sim calibrate", "sim predict"],
+)
 def test_help_answers_at_once_without_heavy_imports(command):
-    found, done, seconds = probe(*([command] if command else []), "--help")
+    found, done, seconds = probe(*(command.split() if command else []), "--help")
     assert found["code"] == 0, done.stderr
     assert "usage: reinforge" in done.stdout
     assert found["heavy"] == []
