@@ -258,8 +258,8 @@ a user who sets one. The longest listed prefix of a key decides: a reason means 
 None read ("" is every key); a key of no listed prefix is read. The command line refuses an
 unread key (an override or a flag) rather than ignore it; a config file may hold one, so
 that one file serves train, sft and sim. "COMMAND, WAY" lists what a command does not read
-when run one way, besides COMMAND's own ("any command": each that loads that engine;
-`readers`)."""
+when run one way, besides COMMAND's own, and "any command, WAY" what no command run that
+way reads (`readers` names the ways of a command's config)."""
 
 
 MOVED: dict[str, tuple[str, str]] = {
