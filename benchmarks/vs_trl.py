@@ -284,7 +284,7 @@ def run_reinforge(args: argparse.Namespace, scratch: Path) -> SystemRun:
         "-m",
         "reinforge",
         "train",
-        str(REPO / "examples" / "arithmetic.toml"),
+        "examples/arithmetic.toml",  # run at the repository root, so recorded as it is
         f"run.steps={args.steps}",
         f"run.seed={args.seed}",
         f"run.dir={scratch / 'reinforge'}",
@@ -377,7 +377,7 @@ def run_trl(
     out = scratch / "trl-steps.jsonl"
     command = [
         sys.executable,
-        str(REPO / "benchmarks" / "trl_grpo.py"),
+        "benchmarks/trl_grpo.py",
         f"--tasks={task_file}",
         f"--model={folder}",
         f"--steps={args.steps}",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Self, TypeVar
 
@@ -25,10 +26,12 @@ from reinforge.orchestrate.config import (
     InProcessEngine,
     LoopConfig,
     RunConfig,
+    ServedEngine,
     SpawnedEngines,
     SyncLoop,
 )
 from reinforge.policy.config import EngineConfig, ModelConfig, ServerConfig
+from reinforge.policy.specs import is_url
 from reinforge.rollout.config import RolloutConfig, TrainRolloutConfig
 from reinforge.train.config import OptimConfig, SFTConfig, TrainerConfig
 from reinforge.train.distill import DistillConfig
@@ -159,6 +162,16 @@ _SAMPLES_NOTHING = "not read by sft, which samples nothing"
 _RL_ONLY = "not read by sft, which trains on no rewards"
 _EVAL_ONLY = "read by `reinforge eval` only, for a model served at a URL"
 _CALIBRATED = "not read by sim predict: the profile measured it (give it to sim calibrate)"
+_NO_MODEL = "not read: a scripted agent (eval.agent oracle or nop) loads no model"
+_SERVED_AT_URL = "not read for a model served at a URL, which runs with its server's settings"
+_URL_ONLY = "read for a model served at a URL only (--model http://.../v1)"
+_SERVER_SAMPLES = 'not read with engines.kind = "served": the server samples with its settings'
+_BUILTIN_ENGINE = 'not read by the built-in engine, only by model.engine = "vllm"'
+_VLLM_ENGINE = 'not read by vLLM, which admits requests itself, only by model.engine = "builtin"'
+_RAY_ONLY = "not read by the local backend, whose processes share this machine, only by Ray's"
+_SHARDED_ONLY = (
+    "not read by a trainer of one process, only by a sharded one (trainer.world_size > 1)"
+)
 
 UNREAD: dict[str, dict[str, str | None]] = {
     "train": {"sft": "read by `reinforge sft` only", "model.served_name": _EVAL_ONLY},
@@ -176,7 +189,33 @@ UNREAD: dict[str, dict[str, str | None]] = {
         "trainer.truncated": _RL_ONLY,
         "trainer.uniform_groups": _RL_ONLY,
     },
+    "train, a served engine (teachers at URLs only)": {
+        "model.engine": _SERVER_SAMPLES,
+        "engine": _SERVER_SAMPLES,
+    },
+    "eval, a model loaded here": {"model.served_name": _URL_ONLY},
+    "eval, a model served at a URL": {
+        "model": _SERVED_AT_URL,
+        "model.name": None,
+        "model.served_name": None,
+        "engine": _SERVED_AT_URL,
+    },
+    "eval, a scripted agent": {"model": _NO_MODEL, "engine": _NO_MODEL},
     "serve": {"model.served_name": _EVAL_ONLY},
+    "any command, the local backend": {
+        "cluster.address": _RAY_ONLY,
+        "cluster.rank": _RAY_ONLY,
+        "engines.resources": _RAY_ONLY,
+    },
+    "any command, a trainer of one process": {
+        "cluster.rank": _SHARDED_ONLY,
+        "trainer.collective_timeout_s": _SHARDED_ONLY,
+    },
+    "any command, the built-in engine": {"engine.vllm": _BUILTIN_ENGINE},
+    "any command, vLLM": {
+        "engine.admit_group": _VLLM_ENGINE,
+        "engine.admit_wait_steps": _VLLM_ENGINE,
+    },
     "sim calibrate": {
         "": "not read by sim calibrate",
         "model": None,
@@ -218,7 +257,9 @@ UNREAD: dict[str, dict[str, str | None]] = {
 a user who sets one. The longest listed prefix of a key decides: a reason means unread,
 None read ("" is every key); a key of no listed prefix is read. The command line refuses an
 unread key (an override or a flag) rather than ignore it; a config file may hold one, so
-that one file serves train, sft and sim."""
+that one file serves train, sft and sim. "COMMAND, WAY" lists what a command does not read
+when run one way, besides COMMAND's own, and "any command, WAY" what no command run that
+way reads (`readers` names the ways of a command's config)."""
 
 
 MOVED: dict[str, tuple[str, str]] = {
@@ -233,10 +274,45 @@ MOVED: dict[str, tuple[str, str]] = {
 sets one is refused in one line naming the new key."""
 
 
-def unread(command: str, key: str) -> str | None:
-    """Why `command` (`UNREAD`'s name for it) does not read the dotted `key`; None when it
+def readers(command: str, config: Section) -> list[str]:
+    """The names in `UNREAD` of `command` running `config`: the command's own, then the
+    way it runs (an eval of a model served at a URL loads no engine; a trainer of one
+    process on the local backend asks for no resources) and the engine it loads, if it
+    loads one."""
+    names = [command]
+    loads_engine = command in ("train", "serve", "sim calibrate")
+    if isinstance(config, EvalConfig):
+        if config.eval.agent != "model":
+            names.append("eval, a scripted agent")
+        elif is_url(config.model.name):
+            names.append("eval, a model served at a URL")
+        else:
+            names.append("eval, a model loaded here")
+            loads_engine = True
+    if command in ("train", "sft") and isinstance(config, Config):
+        if config.cluster.backend == "local":
+            names.append("any command, the local backend")
+        if config.trainer.world_size == 1:
+            names.append("any command, a trainer of one process")
+    if command == "train" and isinstance(config, Config):
+        teachers = config.distill.teachers if config.distill is not None else []
+        loads_teachers = any(not is_url(teacher.model) for teacher in teachers)
+        if isinstance(config.engines, ServedEngine) and not loads_teachers:
+            names.append("train, a served engine (teachers at URLs only)")
+            loads_engine = False
+    model = getattr(config, "model", None)  # the trees of the commands that load one have it
+    if loads_engine and isinstance(model, ModelConfig):
+        builtin = model.engine == "builtin"
+        names.append("any command, the built-in engine" if builtin else "any command, vLLM")
+    return names
+
+
+def unread(names: Sequence[str], key: str) -> str | None:
+    """Why the command of `names` (`readers`) does not read the dotted `key`; None when it
     does."""
-    rules = UNREAD.get(command, {})
+    rules: dict[str, str | None] = {}
+    for name in names:
+        rules |= UNREAD.get(name, {})
     parts = key.split(".")
     for end in range(len(parts), -1, -1):
         prefix = ".".join(parts[:end])

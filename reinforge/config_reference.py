@@ -50,7 +50,9 @@ UNREAD_HEADER = """
 
 Set by an override or a flag, each is refused in one line naming it, with the reason below;
 a config file may hold it, so that one file serves train, sft and sim. The longest prefix
-listed for a command decides; every key of no listed prefix is read.
+listed for a command decides; every key of no listed prefix is read. A command run one way
+(an eval of a model served at a URL) also refuses the keys listed for that way, and one
+that loads an engine those its engine does not read.
 
 | command | key | |
 |---|---|---|"""
@@ -71,9 +73,13 @@ def reference() -> str:
         parts.extend(_section(root, ""))
     parts.append(UNREAD_HEADER)
     for command, rules in UNREAD.items():
+        name, _, way = command.partition(", ")
+        shown = (name if name == "any command" else f"`reinforge {name}`") + (
+            f", {way}" if way else ""
+        )
         for prefix, why in rules.items():
             key = f"`{prefix}`" if prefix else "(any key)"
-            parts.append(f"| `reinforge {command}` | {key} | {why or 'read'} |")
+            parts.append(f"| {shown} | {key} | {why or 'read'} |")
     parts.append(MOVED_HEADER)
     for old, (new, variant) in MOVED.items():
         parts.append(f"| `{old}` | `{new}`, with `{variant}` |")

@@ -16,6 +16,7 @@ from reinforge.commands import eval as eval_command
 from reinforge.commands import serve as serve_command
 from reinforge.commands.config_args import load_command_config, load_with_flags
 from reinforge.config import Config, ServeConfig
+from reinforge.errors import UsageError
 from reinforge.orchestrate.sft import sft_config
 
 from .commands import ROOT
@@ -37,6 +38,10 @@ print(json.dumps({{"code": code, "heavy": [m for m in {HEAVY!r} if m in sys.modu
 its exit code and the heavy modules it loaded."""
 
 
+URL = "http://127.0.0.1:9/v1"
+"""A server's URL; refusing an override happens before anything connects to it."""
+
+
 def probe(*args: str) -> tuple[dict, subprocess.CompletedProcess[str], float]:
     started = time.perf_counter()
     done = subprocess.run(
@@ -46,9 +51,12 @@ def probe(*args: str) -> tuple[dict, subprocess.CompletedProcess[str], float]:
     return json.loads(done.stdout.splitlines()[-1]), done, seconds
 
 
-@pytest.mark.parametrize("command", [*COMMANDS, None])
+@pytest.mark.parametrize(
+    "command",
+    [*COMMANDS, None, "sandbox run", "sandbox bench", "sim calibrate", "sim predict"],
+)
 def test_help_answers_at_once_without_heavy_imports(command):
-    found, done, seconds = probe(*([command] if command else []), "--help")
+    found, done, seconds = probe(*(command.split() if command else []), "--help")
     assert found["code"] == 0, done.stderr
     assert "usage: reinforge" in done.stdout
     assert found["heavy"] == []
@@ -106,6 +114,48 @@ def test_the_config_modules_import_no_torch():
             "loop.mode: sim predict simulates the modes of sim.modes (--mode)",
         ),
         (["sim", "calibrate", "--devices", "2"], "--devices: not read by sim calibrate"),
+        (
+            ["eval", "arithmetic", "--model", URL, "--dtype", "bfloat16"],
+            "--dtype: not read for a model served at a URL, which runs with its server's settings",
+        ),
+        (
+            ["eval", "arithmetic", "--model", URL, "model.threads=1"],
+            "model.threads: not read for a model served at a URL, which runs with its "
+            "server's settings",
+        ),
+        (
+            ["eval", "arithmetic", "--model", "tiny-random", "--model-name", "x"],
+            "--model-name: read for a model served at a URL only (--model http://.../v1)",
+        ),
+        (
+            ["eval", "arithmetic", "--agent", "oracle", "--model", "tiny-random"],
+            "--model: not read: a scripted agent (eval.agent oracle or nop) loads no model",
+        ),
+        (
+            ["train", "engines.kind=spawned", "engines.resources.cpus=2"],
+            "engines.resources.cpus: not read by the local backend, whose processes share "
+            "this machine, only by Ray's",
+        ),
+        (
+            ["sft", "trainer.collective_timeout_s=5"],
+            "trainer.collective_timeout_s: not read by a trainer of one process, only by a "
+            "sharded one (trainer.world_size > 1)",
+        ),
+        (
+            ["serve", "engine.vllm.kv_cache_mib=2048"],
+            "engine.vllm.kv_cache_mib: not read by the built-in engine, only by "
+            'model.engine = "vllm"',
+        ),
+        (
+            ["train", "model.engine=vllm", "engine.admit_group=2"],
+            "engine.admit_group: not read by vLLM, which admits requests itself, only by "
+            'model.engine = "builtin"',
+        ),
+        (
+            ["train", "engines.kind=served", f"engines.url={URL}", "engine.max_batch=4"],
+            'engine.max_batch: not read with engines.kind = "served": the server samples '
+            "with its settings",
+        ),
     ],
 )
 def test_an_override_the_command_does_not_read_is_refused_in_one_line(args, message, capsys):
@@ -114,7 +164,8 @@ def test_an_override_the_command_does_not_read_is_refused_in_one_line(args, mess
 
 
 def test_an_override_the_command_reads_takes_effect():
-    """`eval` reads every key of its tree, so it refuses none; `sim` is in test_sim.py."""
+    """Each command reads the keys `UNREAD` does not list for the way it runs (an eval of a
+    model served at a URL reads `model.served_name`); `sim` is in test_sim.py."""
     args = parse(build_parser(), ["train", "examples/arithmetic.toml", "run.steps=3"])
     assert load_command_config(Config, args).run.steps == 3
     args = parse(build_parser(), ["sft", "examples/sft.toml", "sft.epochs=3", "sft.batch_size=4"])
@@ -122,6 +173,26 @@ def test_an_override_the_command_reads_takes_effect():
     args = parse(build_parser(), ["eval", "arithmetic", "eval.seed=4", "--tasks", "2"])
     config = eval_command.load(args)
     assert (config.eval.seed, config.eval.tasks) == (4, 2)
+    args = parse(build_parser(), ["eval", "arithmetic", "--model", URL, "--model-name", "m"])
+    assert eval_command.load(args).model.served_name == "m"
+    served = ["train", "engines.kind=served", f"engines.url={URL}"]
+    args = parse(
+        build_parser(),
+        [*served, "engine.dtype=bfloat16", f"distill.teachers=[{{model = '{URL}'}}]"],
+    )
+    with pytest.raises(UsageError, match="engine.dtype: not read with engines.kind"):
+        load_command_config(Config, args)  # a teacher at a URL: nothing here reads it
+    teacher = "distill.teachers=[{model = 'tiny-random'}]"
+    args = parse(build_parser(), [*served, "engine.dtype=bfloat16", teacher])
+    assert load_command_config(Config, args).engine.dtype == "bfloat16"  # the teacher's
+    args = parse(build_parser(), ["serve", "model.engine=vllm", "engine.vllm.kv_cache_mib=99"])
+    assert load_with_flags(ServeConfig, args, serve_command.FLAGS).engine.vllm.kv_cache_mib == 99
+    args = parse(build_parser(), ["train", "engines.kind=spawned", "engine.admit_group=2"])
+    assert load_command_config(Config, args).engine.admit_group == 2  # the built-in engine's
+    ray = ["train", "cluster.backend=ray", "cluster.address=auto", "trainer.world_size=2"]
+    args = parse(build_parser(), [*ray, "cluster.rank.cpus=2", "trainer.collective_timeout_s=5"])
+    config = load_command_config(Config, args)
+    assert (config.cluster.rank.cpus, config.trainer.collective_timeout_s) == (2, 5)
     args = parse(build_parser(), ["serve", "server.port=9", "--max-batch", "3"])
     config = load_with_flags(ServeConfig, args, serve_command.FLAGS)
     assert (config.server.port, config.engine.max_batch) == (9, 3)

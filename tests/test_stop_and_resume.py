@@ -74,6 +74,43 @@ def test_ctrl_c_abandons_the_step_in_flight_saves_the_last_and_says_how_to_resum
     assert [(row["step"], row["policy_version"]) for row in rows] == [(s, s) for s in (1, 2, 3, 4)]
 
 
+def test_ctrl_c_before_the_first_checkpoint_says_so_and_the_run_resumes_from_step_0(tmp_path):
+    args = tiny_train(tmp_path, f"env.name={HELD_ENV}", "env.args.hold_first=true")[3:]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "reinforge", *args],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:
+            if line == "holding\n":  # step 1's rollouts are in flight
+                os.killpg(process.pid, signal.SIGINT)
+                break
+        stderr = process.stderr.read()
+        assert process.wait(timeout=120) == 130, stderr
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    (said,) = [line for line in stderr.splitlines() if "interrupted" in line]
+    resume = f"reinforge {shlex.join([*args, '--resume'])}"
+    assert said == (
+        "reinforge train: interrupted: step 1 abandoned, its rollouts discarded; "
+        f"no step done, nothing to save; resume with: {resume}"
+    )
+    run = tmp_path / "r"
+    assert (run / "metrics.jsonl").read_text() == "" and not (run / "checkpoints").exists()
+
+    # as it says, with the rollouts no longer held: from step 0, as no checkpoint was due
+    again = [sys.executable, "-m", *shlex.split(resume), "env.args.hold=false"]
+    resumed = subprocess.run(again, cwd=ROOT, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"no checkpoint in {run}: the run starts from step 0" in resumed.stderr
+    assert _steps(run) == [1, 2] and _checkpoints(run) == ["step_00002"]
+
+
 def test_ctrl_c_while_a_step_trains_lets_it_finish_and_checkpoints_it(tmp_path, monkeypatch):
     config = load_config(
         Config,

@@ -18,7 +18,7 @@ from typing import Any, get_args
 
 from pydantic import BaseModel
 
-from reinforge.config import Root, load_config, parse_value, unread
+from reinforge.config import Root, load_config, parse_value, readers, unread
 from reinforge.errors import ConfigError, UsageError
 
 
@@ -43,7 +43,7 @@ def load_command_config(root: type[Root], args: argparse.Namespace) -> Root:
     """`reinforge train|sft [CONFIG.toml] [KEY=VALUE ...]`."""
     first, overrides = positional_or_override(args.config, args.overrides)
     config = load_config(root, None if first is None else Path(first), overrides)
-    refuse_unread(args.command, [(key, key) for key in _keys(overrides)])
+    refuse_unread(readers(args.command, config), [(key, key) for key in _keys(overrides)])
     return config
 
 
@@ -113,16 +113,17 @@ def load_with_flags(
         raise
     set_here = [(f.name, f.key) for f in flags if f.key in given]
     set_here += [(key, key) for key in [*(pairs or {}), *_keys(overrides)]]
-    refuse_unread(command or args.command, set_here)
+    refuse_unread(readers(command or args.command, config), set_here)
     return config
 
 
-def refuse_unread(command: str, given: Sequence[tuple[str, str]]) -> None:
-    """Refuse the first of `given` (the name a user gave, the key it sets) that `command`
-    does not read, in one line naming it: a value that does nothing must not pass for one
-    that worked (`sft run.steps=1` ran every step of the data)."""
+def refuse_unread(names: Sequence[str], given: Sequence[tuple[str, str]]) -> None:
+    """Refuse the first of `given` (the name a user gave, the key it sets) that the command
+    of `names` (`readers`) does not read, in one line naming it: a value that
+    does nothing must not pass for one that worked (`sft run.steps=1` ran every step of
+    the data)."""
     for name, key in given:
-        why = unread(command, key)
+        why = unread(names, key)
         if why is not None:
             raise UsageError(f"{name}: {why}")
 

@@ -16,6 +16,7 @@ from reinforge.commands.config_args import (
     positional_or_override,
 )
 from reinforge.config import EvalConfig
+from reinforge.policy.specs import is_url
 
 if TYPE_CHECKING:
     from reinforge.rollout.evaluate import EvalSummary
@@ -98,7 +99,7 @@ async def _run(config: EvalConfig, env: Any, out: Path) -> int:
     engine = None
     if config.eval.agent != "model":  # a scripted agent: no model to load or to call
         client = PolicyClient.without_model(f"agent:{config.eval.agent}", sampling)
-    elif config.model.name.startswith(("http://", "https://")):
+    elif is_url(config.model.name):
         client = await PolicyClient.for_url(
             config.model.name, sampling, model=config.model.served_name
         )

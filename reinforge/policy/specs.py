@@ -5,3 +5,8 @@ DEFAULT_MODEL = "smollm2-135m"
 TINY_MODEL = "tiny-random"
 """A two-layer random Llama with SmolLM2's tokenizer, for fast tests."""
 BUILTIN_MODELS = (DEFAULT_MODEL, TINY_MODEL)
+
+
+def is_url(spec: str) -> bool:
+    """A model spec that names a server (`http(s)://.../v1`) rather than a model to load."""
+    return spec.startswith(("http://", "https://"))

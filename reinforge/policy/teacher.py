@@ -16,13 +16,10 @@ from reinforge.errors import UsageError
 from reinforge.policy.backends import SamplingEngine, load_engine
 from reinforge.policy.client import PolicyClient
 from reinforge.policy.config import EngineConfig, ModelConfig, SamplingConfig
+from reinforge.policy.specs import is_url
 
 _PROBE_TOKENS = 256
 """Token ids, spread over the student's vocabulary, that the vocabulary check scores."""
-
-
-def is_url(spec: str) -> bool:
-    return spec.startswith(("http://", "https://"))
 
 
 class Teacher:
