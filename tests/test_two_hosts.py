@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -245,9 +246,14 @@ def test_losing_host_b_ends_the_run_in_one_line(tmp_path):
             run.kill()
     assert run.returncode == 2, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
+    # the supervisor says the engine went with its actor and node, not as a process's code
+    lost = r"reinforge: engine 0 (died with|could not be reached through|did not answer through) "
+    lost += "its Ray actor on node "
+    assert re.search(lost + re.escape(hosts.b.ip), stderr), stderr[-3000:]
+    assert "exited with code" not in stderr, stderr[-3000:]
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("reinforge train: error: engine "), stderr[-3000:]
-    assert "(is its node up?)" in last, stderr[-3000:]
+    assert "(is its node up?)" in last or "(Ray: " in last, stderr[-3000:]
 
 
 def _watching_ranks(hosts: TwoHosts, argv: list[str], logs: Path) -> tuple[int, str, set[str]]:
