@@ -1,7 +1,8 @@
 """The run's Ray actors on a local Ray cluster that a test starts, and what the run says
 when one dies: an engine whose actor dies is said to have died with it, where and why (not
 as a process's exit code), and comes back by a new actor at its URL; a trainer rank whose
-actor dies stops the run in one line saying the same."""
+actor dies stops the run in one line saying the same. An engine's log leaves its node once
+copied whole to the run's directory, and stays there otherwise."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,17 +30,20 @@ from .test_remote_engine import assert_samples_with
 from .test_several_engines import holding
 
 
-def _with_engines(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    test: Callable[[RemoteEngine, Trainer, Path], Awaitable[None]],
-) -> None:
-    """`test(engine, trainer, node)` with two engines of the tiny model as actors of a Ray
-    cluster this process starts, whose processes take `node` for their temp folder (short:
-    Ray's sockets live under it)."""
+@pytest.fixture
+def node(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The temp folder of the Ray cluster's processes, which inherit it (short: Ray's
+    sockets live under it)."""
+    folder = Path(tempfile.mkdtemp(prefix="rf-node-"))
+    monkeypatch.setenv("TMPDIR", str(folder))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _with_engines(tmp_path: Path, test: Callable[[RemoteEngine, Trainer], Awaitable[None]]) -> None:
+    """`test(engine, trainer)` with two engines of the tiny model as actors of a Ray cluster
+    this process starts; the engines stop once it returns."""
     require_extra("ray", "ray")
-    node = Path(tempfile.mkdtemp(prefix="rf-node-"))
-    monkeypatch.setenv("TMPDIR", str(node))  # the cluster's processes inherit it
     overrides = ["model.name=tiny-random", f"run.dir={tmp_path / 'run'}",
                  "cluster.backend=ray", "engines.kind=spawned", "engines.count=2"]  # fmt: skip
     config = load_config(Config, None, overrides)
@@ -51,14 +55,11 @@ def _with_engines(
             engine = await open_engine(config, trainer, tokenizer, 3, cluster.engines)
             assert isinstance(engine, RemoteEngine)
             try:
-                await test(engine, trainer, node)
+                await test(engine, trainer)
             finally:
                 await engine.aclose()
 
-    try:
-        asyncio.run(run())
-    finally:
-        shutil.rmtree(node, ignore_errors=True)
+    asyncio.run(run())
 
 
 def _node_log(node: Path, index: int) -> Path:
@@ -68,14 +69,15 @@ def _node_log(node: Path, index: int) -> Path:
 
 
 def test_an_engine_whose_actor_dies_is_said_to_and_comes_back_by_a_new_actor(
-    tmp_path, monkeypatch, capsys
+    tmp_path, node, capsys
 ):
-    async def test(engine: RemoteEngine, trainer: Trainer, node: Path) -> None:
+    async def test(engine: RemoteEngine, trainer: Trainer) -> None:
         processes = engine.processes
         assert processes is not None
         assert await processes.ended(1) is None
         url = engine.sync.urls[1]
-        (server,) = holding(_node_log(node, 1))
+        logs.append(_node_log(node, 1))
+        (server,) = holding(logs[0])
         actor = int(Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()[1])
         supervisor = Supervisor(engine, load_config(Config, None, ["engines.kind=spawned"]).engines)
         watching = asyncio.create_task(supervisor.watch())
@@ -96,11 +98,47 @@ def test_an_engine_whose_actor_dies_is_said_to_and_comes_back_by_a_new_actor(
         assert "exited with code" not in said
         assert engine.sync.joined(1) and engine.sync.urls[1] == url
         assert await processes.ended(1) is None  # a new actor's engine, at the same URL
-        (new_server,) = holding(_node_log(node, 1))
+        logs.append(_node_log(node, 1))
+        (new_server,) = holding(logs[1])
         assert new_server != server
         assert_samples_with(url, trainer.model, 3)  # caught up with the last push
 
-    _with_engines(tmp_path, monkeypatch, test)
+    logs: list[Path] = []  # engine 1's on its node: its first actor's, then the new one's
+    _with_engines(tmp_path, test)
+    # the dead actor's log stays on the node (nothing is left to copy or delete it); the
+    # new actor's was copied whole as its engine stopped, then deleted
+    assert logs[0].exists() and not logs[1].parent.exists()
+    copy = (tmp_path / "run").glob("**/engines/engine-1.log")
+    assert next(copy).read_text().count("Uvicorn running on") == 2
+
+
+def test_an_engines_log_leaves_its_node_once_copied_whole_and_stays_where_not(
+    tmp_path, node, capsys
+):
+    async def test(engine: RemoteEngine, trainer: Trainer) -> None:
+        processes = engine.processes
+        assert processes is not None
+        logs.extend(_node_log(node, index) for index in range(2))
+        copies.extend(processes.log(index) for index in range(2))
+        while not copies[1].is_dir():  # engine 1's copy cannot be written: a folder there
+            copies[1].unlink(missing_ok=True)
+            try:
+                copies[1].mkdir()
+            except FileExistsError:
+                continue  # the copy was written again meanwhile
+
+    logs: list[Path] = []
+    copies: list[Path] = []
+    _with_engines(tmp_path, test)
+    assert not logs[0].parent.exists()  # copied whole, with its engine's last words
+    assert "Finished server process" in copies[0].read_text()
+    assert logs[1].exists()  # kept, and the run says where
+    said = capsys.readouterr().err
+    assert (
+        f"reinforge: engine 1's log could not be copied whole to {copies[1]}: the rest stays "
+        "on its node (reinforge-engine-*/engine-1.log in its temp folder)\n"
+    ) in said, said
+    assert "engine 0's log" not in said
 
 
 def _descendants(pid: int) -> set[int]:

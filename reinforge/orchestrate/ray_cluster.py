@@ -195,7 +195,7 @@ class EngineActor:
     """One engine in a Ray actor: `reinforge serve` listening on the address of the
     actor's node, at a port that stays its own across restarts, logging to the node's own
     temp folder (`log_since` hands the log out; `orchestrate/ray_logs.py` copies it to the
-    run's node)."""
+    run's node, then has `drop_log` delete it)."""
 
     def __init__(self, settings: str, index: int, copy: str, port: int | None = None) -> None:
         self.settings = settings
@@ -237,6 +237,17 @@ class EngineActor:
         with self.log.open("rb") as log:
             log.seek(offset)
             return log.read(most)
+
+    def drop_log(self, copied: int) -> bool:
+        """Whether the log's folder was deleted: only once the engine has stopped and the
+        run's node holds every byte of it (`copied`), so that nothing of it is lost. Asked
+        in the log's concurrency group."""
+        if self.process is None or self.process.poll() is None:
+            return False
+        if self.log.stat().st_size != copied:
+            return False
+        shutil.rmtree(self.log.parent)
+        return True
 
     def returncode(self) -> int | None:
         return None if self.process is None else self.process.poll()
