@@ -164,6 +164,13 @@ def _said_twice(log: Path, line: str, run: subprocess.Popen[str]) -> bool:
     return False
 
 
+LOST = (
+    r"reinforge: engine 0 (died with|could not be reached through|did not answer through) "
+    r"its Ray actor on node "
+)
+"""The supervisor's line for an engine lost with its actor, up to its node's address."""
+
+
 def _held_run_on_b(hosts: TwoHosts, tmp_path: Path, release: Path) -> list[str]:
     """Four steps with two engines on host B through the object store; steps past the
     second wait until `release` exists."""
@@ -249,12 +256,39 @@ def test_losing_host_b_ends_the_run_in_one_line(tmp_path):
     assert run.returncode == 2, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     # the supervisor says the engine went with its actor and node, not as a process's code
-    lost = r"reinforge: engine 0 (died with|could not be reached through|did not answer through) "
-    lost += "its Ray actor on node "
-    assert re.search(lost + re.escape(hosts.b.ip), stderr), stderr[-3000:]
+    assert re.search(LOST + re.escape(hosts.b.ip), stderr), stderr[-3000:]
     assert "exited with code" not in stderr, stderr[-3000:]
     last = stderr.strip().splitlines()[-1]
-    assert last.startswith("reinforge train: error: engine "), stderr[-3000:]
+    assert last.startswith(f"reinforge train: error: engine 0 (on node {hosts.b.ip})"), last
+    assert "(is its node up?)" in last or "(Ray: " in last, stderr[-3000:]
+
+
+@pytest.mark.timeout(1800)
+def test_a_host_b_that_hangs_ends_the_run_in_one_line(tmp_path):
+    """Every process of host B stopped (SIGSTOP) once step 1 is recorded: the host hangs
+    rather than dies, so its engines take connections and never answer, and its actors
+    and node say nothing. The run ends with one line naming the engine and host B, and
+    exit code 2, not a hang: the bound is the subprocess's timeout. Its own two hosts: this
+    one freezes B; B is let go (SIGCONT) before the fixture stops it."""
+    require_extra("ray", "ray")
+    with two_hosts() as hosts:
+        argv = _held_run_on_b(hosts, tmp_path, tmp_path / "release")
+        run = subprocess.Popen(
+            hosts.on_a(argv), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        try:
+            _stepped(run, tmp_path / "r")
+            hosts.b.freeze()
+            _, stderr = run.communicate(timeout=900)
+        finally:
+            run.kill()
+            hosts.b.thaw()
+    assert run.returncode == 2, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert re.search(LOST + re.escape(hosts.b.ip), stderr), stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith(f"reinforge train: error: engine 0 (on node {hosts.b.ip})"), last
     assert "(is its node up?)" in last or "(Ray: " in last, stderr[-3000:]
 
 

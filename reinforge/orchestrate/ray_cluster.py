@@ -384,8 +384,11 @@ class RayEngines:
             how, why = "could not be reached through", f"({reason(error)})"
         except RayActorError as error:
             how, why = "died with", f"({reason(error)})"
-        node = httpx.URL(self.urls[index]).host  # where it listens: its actor's node
-        raise _ActorLost(f"{how} its Ray actor on node {node} {why}")
+        raise _ActorLost(f"{how} its Ray actor on node {self._node(index)} {why}")
+
+    def _node(self, index: int) -> str:
+        """The address of engine `index`'s node: where it listens, as its actor said."""
+        return httpx.URL(self.urls[index]).host
 
     async def restart(self, index: int) -> None:
         """The engine again at its port: by its actor, or by a new one should the actor
@@ -396,7 +399,7 @@ class RayEngines:
             ray.kill(self._actors[index])
             self._actors[index] = await asyncio.to_thread(self._actor, index)
             # placed within a bound: a dead node's bundle waits for a node that never comes
-            who = f"engine {index}, restarted by a new actor,"
+            who = f"engine {index} (on node {self._node(index)}), restarted by a new actor,"
             await asyncio.to_thread(ask, self._actors[index].node, who)
         (url,) = await asyncio.to_thread(self._started, [index])
         if url != self.urls[index]:  # a new actor on another node: routed and synced by URL
