@@ -43,8 +43,8 @@ def _ray_processes() -> set[int]:
 
 
 def _node_logs(run: Path) -> list[Path]:
-    """The logs that the Ray run writing `run` kept on its engines' node (this machine's
-    temp folder): each found by its copy in the run's directory, whole once the run ended."""
+    """The logs that the Ray run writing `run` left on its engines' node (this machine's
+    temp folder): each found by its copy in the run's directory."""
     copies = {log.read_bytes() for log in (run / "engines").glob("engine-*.log")}
     kept = Path(tempfile.gettempdir()).glob("reinforge-engine-*/engine-*.log")
     return [log for log in kept if log.read_bytes() in copies]
@@ -72,8 +72,10 @@ def test_a_sharded_run_on_a_local_ray_cluster_leaves_no_ray_process(tmp_path):
     assert all(row["sync"]["engines"] == 2 for row in rows)
     assert sum(engine["requests"] for row in rows for engine in row["engines"]) > 0
     AutoModelForCausalLM.from_pretrained(tmp_path / "r" / "checkpoints" / "step_00003")
-    logs = _node_logs(tmp_path / "r")
-    assert len(logs) == 2 and all(gone(log) for log in logs)  # no engine holds its log
+    copies = list((tmp_path / "r" / "engines").glob("engine-*.log"))
+    assert len(copies) == 2  # whole, with the engines' last words; then gone from the node
+    assert all("Finished server process" in copy.read_text() for copy in copies)
+    assert not _node_logs(tmp_path / "r")
     deadline = time.monotonic() + 60  # the cluster's daemons take a moment to exit
     while _ray_processes() - before and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -75,11 +75,35 @@ class Host:
     def kill(self) -> None:
         """SIGKILL to every process of the host, at once: the machine lost, as by a power
         cut. Nothing of it says goodbye to the cluster."""
-        for pid in self.processes():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _send(self.processes(), signal.SIGKILL)
+
+    def freeze(self) -> None:
+        """SIGSTOP to every process of the host, until none runs: the machine hangs rather
+        than dies. Its sockets stay open, so connections are taken and never answered,
+        where a dead host's are refused at once. `thaw` lets it go on."""
+        while running := {pid for pid in self.processes() if _state(pid) not in "Tt"}:
+            _send(running, signal.SIGSTOP)  # again for any a running one started meanwhile
+            time.sleep(0.1)
+
+    def thaw(self) -> None:
+        """SIGCONT to every process of the host."""
+        _send(self.processes(), signal.SIGCONT)
+
+
+def _send(pids: set[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _state(pid: int) -> str:
+    """The state letter of process `pid` ("T": stopped; "X": dead, as once it has exited)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "X"
 
 
 @dataclass

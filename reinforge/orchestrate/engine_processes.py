@@ -54,8 +54,9 @@ class EngineLauncher(Protocol):
     token: str
     """The weights token every engine was started with."""
 
-    async def returncode(self, index: int) -> int | None:
-        """Engine `index`'s exit code; None while it runs."""
+    async def ended(self, index: int) -> str | None:
+        """How engine `index` ended, in words that follow "engine <index>" in the run's
+        lines ("exited with code -9"); None while it runs."""
         ...
 
     def weight_sync(self) -> EngineLinks:
@@ -105,9 +106,9 @@ class EngineProcesses:
         self._kill(self.processes[index])
         await self._launch([index])
 
-    async def returncode(self, index: int) -> int | None:
-        """Engine `index`'s exit code; None while it runs."""
-        return self.processes[index].poll()
+    async def ended(self, index: int) -> str | None:
+        code = self.processes[index].poll()
+        return None if code is None else f"exited with code {code}"
 
     def weight_sync(self) -> EngineLinks:
         """Processes of this machine load a file of it, or take a broadcast."""

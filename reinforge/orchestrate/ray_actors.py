@@ -3,6 +3,7 @@ a bound or in one line. Ray is an optional extra, imported here once."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from reinforge.errors import UsageError
@@ -34,8 +35,27 @@ def ask(method: Any, who: str) -> Any:
         raise UsageError(
             f"{who} did not answer within {ANSWER_S:.0f} s (is its node up?)"
         ) from None
-    except RayActorError:
-        raise UsageError(f"{who} died before it answered (is its node up?)") from None
+    except RayActorError as error:
+        raise UsageError(f"{who} died before it answered {death(error)}") from None
+
+
+def death(error: RayActorError) -> str:
+    """Where and why Ray says an actor died, in one line: its node's address where Ray
+    knows it, and Ray's reason (`reason`)."""
+    lines = str(error).splitlines()
+    fields = dict(line.strip().partition(": ")[::2] for line in lines if line.startswith("\t"))
+    where = f"on node {fields['ip']} " if fields.get("ip") else ""
+    return f"{where}({reason(error)})"
+
+
+def reason(error: RayActorError) -> str:
+    """Ray's reason for an actor's death or silence, in one line: the first sentence of it,
+    without ids (the rest of Ray's many lines is a headline, ids and advice)."""
+    lines = str(error).splitlines()
+    reasons = [line.strip() for line in lines if line.strip() and not line.startswith("\t")]
+    reasons = reasons[1:] or reasons  # past "The actor died unexpectedly ...", if more
+    why = reasons[0].split(". ")[0].rstrip(".") if reasons else "no reason given"
+    return "Ray: " + re.sub(r"\b[0-9a-f]{16,} ?", "", why)
 
 
 def release(group: Any) -> None:

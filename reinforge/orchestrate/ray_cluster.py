@@ -7,7 +7,7 @@ kind (packed: a rank's collectives and an engine's weight loads stay on few node
   first failure ends them all, as with `LocalRanks`.
 - **Engines.** Each actor starts `reinforge serve` listening on its node's address, which
   the run reaches it at, and supervises nothing itself: the run's `Supervisor` sees it
-  through `returncode` and `restart`, as it sees local processes. An engine keeps its URL
+  through `ended` and `restart`, as it sees local processes. An engine keeps its URL
   across restarts. It logs on its own node, and the run copies the log to its directory
   (`orchestrate/ray_logs.py`).
 - **Whose node.** `POST /v1/weights` takes weights from the engine's own machine only: by
@@ -52,7 +52,7 @@ from reinforge.orchestrate.engine_processes import (
     silent,
     spawn,
 )
-from reinforge.orchestrate.ray_actors import ANSWER_S, ask, node_id, ray, release
+from reinforge.orchestrate.ray_actors import ANSWER_S, ask, node_id, ray, reason, release
 from reinforge.orchestrate.ray_logs import LogCopies
 from reinforge.orchestrate.ray_ranks import RayRanks
 from reinforge.orchestrate.ray_weights import ObjectStorePush
@@ -68,7 +68,12 @@ from reinforge.policy.weight_buckets import Bucket, unpack
 from reinforge.train.config import TrainerConfig
 
 if ray is not None:
-    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+    from ray.exceptions import (
+        ActorUnavailableError,
+        GetTimeoutError,
+        RayActorError,
+        RayTaskError,
+    )
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -190,7 +195,7 @@ class EngineActor:
     """One engine in a Ray actor: `reinforge serve` listening on the address of the
     actor's node, at a port that stays its own across restarts, logging to the node's own
     temp folder (`log_since` hands the log out; `orchestrate/ray_logs.py` copies it to the
-    run's node)."""
+    run's node, then has `drop_log` delete it)."""
 
     def __init__(self, settings: str, index: int, copy: str, port: int | None = None) -> None:
         self.settings = settings
@@ -233,6 +238,17 @@ class EngineActor:
             log.seek(offset)
             return log.read(most)
 
+    def drop_log(self, copied: int) -> bool:
+        """Whether the log's folder was deleted: only once the engine has stopped and the
+        run's node holds every byte of it (`copied`), so that nothing of it is lost. Asked
+        in the log's concurrency group."""
+        if self.process is None or self.process.poll() is None:
+            return False
+        if self.log.stat().st_size != copied:
+            return False
+        shutil.rmtree(self.log.parent)
+        return True
+
     def returncode(self) -> int | None:
         return None if self.process is None else self.process.poll()
 
@@ -271,6 +287,11 @@ def _answers(url: str) -> bool:
         return httpx.get(f"{url.removesuffix('/v1')}/health", timeout=5.0).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+class _ActorLost(Exception):
+    """An engine's actor died or does not answer: its engine is lost with it. The message
+    says how, following "engine <index>"."""
 
 
 class RayEngines:
@@ -342,23 +363,43 @@ class RayEngines:
                 "(is its node up?)"
             ) from None
 
-    async def returncode(self, index: int) -> int | None:
+    async def ended(self, index: int) -> str | None:
         """Asked without blocking the loop that runs every rollout."""
+        try:
+            code = await self._returncode(index)
+        except _ActorLost as lost:
+            return str(lost)
+        return None if code is None else f"exited with code {code}"
+
+    async def _returncode(self, index: int) -> int | None:
+        """Engine `index`'s exit code as its actor says (None while it runs); `_ActorLost`
+        should the actor have died or hang, the engine with it."""
         answer = asyncio.wrap_future(self._actors[index].returncode.remote().future())
         try:  # not `wait_for`: on Python 3.11 it swallows a cancel that meets the answer
             async with asyncio.timeout(ANSWER_S):
                 return await answer
-        except (TimeoutError, RayActorError):
-            return -1  # its actor is gone (or hung): the engine with it
+        except TimeoutError:
+            how, why = "did not answer through", f"within {ANSWER_S:.0f} s (is its node up?)"
+        except ActorUnavailableError as error:  # Ray cannot reach it: lost, for all we know
+            how, why = "could not be reached through", f"({reason(error)})"
+        except RayActorError as error:
+            how, why = "died with", f"({reason(error)})"
+        raise _ActorLost(f"{how} its Ray actor on node {self._node(index)} {why}")
+
+    def _node(self, index: int) -> str:
+        """The address of engine `index`'s node: where it listens, as its actor said."""
+        return httpx.URL(self.urls[index]).host
 
     async def restart(self, index: int) -> None:
         """The engine again at its port: by its actor, or by a new one should the actor
         have died with it."""
-        if await self.returncode(index) == -1:
+        try:
+            await self._returncode(index)
+        except _ActorLost:
             ray.kill(self._actors[index])
             self._actors[index] = await asyncio.to_thread(self._actor, index)
             # placed within a bound: a dead node's bundle waits for a node that never comes
-            who = f"engine {index}, restarted by a new actor,"
+            who = f"engine {index} (on node {self._node(index)}), restarted by a new actor,"
             await asyncio.to_thread(ask, self._actors[index].node, who)
         (url,) = await asyncio.to_thread(self._started, [index])
         if url != self.urls[index]:  # a new actor on another node: routed and synced by URL

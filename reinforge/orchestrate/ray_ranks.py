@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from reinforge.orchestrate.engine_processes import free_ports
-from reinforge.orchestrate.ray_actors import ask, node_id, ray, release
+from reinforge.orchestrate.ray_actors import ask, death, node_id, ray, release
 from reinforge.train.config import TrainerConfig
 from reinforge.train.ranks import RankFailed, failure_line, join_group
 
@@ -85,8 +85,9 @@ class RayRanks:
                 cause = error.cause if isinstance(error.cause, BaseException) else error
                 rank = rank_of[done[0]]
                 raise RankFailed(f"trainer rank {rank}: {failure_line(cause)}") from None
-            except RayActorError:
-                raise RankFailed(f"trainer rank {rank_of[done[0]]} died") from None
+            except RayActorError as error:
+                rank = rank_of[done[0]]
+                raise RankFailed(f"trainer rank {rank} died {death(error)}") from None
         return ray.get(refs)
 
     def stop(self) -> None:

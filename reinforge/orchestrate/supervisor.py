@@ -55,12 +55,11 @@ class Supervisor:
     async def _check(
         self, http: httpx.AsyncClient, engine: RemoteEngine, processes: EngineLauncher, index: int
     ) -> None:
-        router, sync, code = engine.router, engine.sync, await processes.returncode(index)
-        if code is None and index not in router.down and sync.joined(index):
+        router, sync, ended = engine.router, engine.sync, await processes.ended(index)
+        if ended is None and index not in router.down and sync.joined(index):
             return  # serving
-        if code is not None or not await answers(http, sync.urls[index]):
-            died = "stopped answering" if code is None else f"exited with code {code}"
-            self._count(processes, index, died)
+        if ended is not None or not await answers(http, sync.urls[index]):
+            self._count(processes, index, ended or "stopped answering")
             router.take_down(index)
             sync.leave(index)
             await processes.restart(index)
