@@ -7,10 +7,13 @@ import json
 import sys
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from reinforge.envs.ecosystem.reasoning_gym_env import load_environment as load_dataset
 from reinforge.envs.registry import load_environment
 from reinforge.errors import UsageError
+from reinforge.types import Trajectory
 
 from .commands import reinforge
 from .conftest import require_extra
@@ -152,26 +155,80 @@ def test_eval_refuses_a_misspelt_arg_in_one_line():
     assert "Traceback" not in result.stderr
 
 
-def test_train_runs_a_dataset(tmp_path):
-    result = reinforge(
-        "train",
-        "env.name=reasoning_gym:leg_counting",
-        "model.name=tiny-random",
-        "run.steps=2",
-        f"run.dir={tmp_path}",
-        "run.name=r",
-        "rollout.tasks_per_step=2",
-        "env.max_tokens_per_turn=16",
+ONE_ANIMAL = {"min_animals": 1, "max_animals": 1, "max_instances": 1}
+"""leg_counting with one animal: a handful of small answers, which a tiny model can hit."""
+
+
+def test_train_steps_on_the_scores_reasoning_gyms_scorer_gives(tmp_path):
+    """A random model never writes an `<answer>` block, so every reward would be 0 and GRPO
+    would have nothing to learn from. As a user would, warm it up with `reinforge sft` on
+    answers in the tags (tasks of another seed), then train: the steps must learn from the
+    differences reasoning-gym's own scorer makes between a group's rollouts."""
+    from reasoning_gym import create_dataset
+    from reasoning_gym.utils import extract_answer
+
+    env = load_dataset("leg_counting", **ONE_ANIMAL)
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text(
+        "".join(
+            Trajectory(
+                task_id=task.id,
+                group_id=task.id,
+                messages=[
+                    *env.harness.initial_messages(task),
+                    {"role": "assistant", "content": f"<answer>{task.answer}</answer>"},
+                ],
+                reward=1.0,
+            ).model_dump_json()
+            + "\n"
+            for task in env.tasks(8, seed=1000)
+        )
     )
+    warmed = reinforge(
+        "sft", "model.name=tiny-random", f"sft.data={answers}", "sft.epochs=25",
+        "sft.batch_size=4", "optim.lr=6e-3", f"run.dir={tmp_path}", "run.name=warm",
+        "run.checkpoint_every=100",
+    )  # fmt: skip
+    assert warmed.returncode == 0, warmed.stderr
+    env_args = [f"env.args.{key}={value}" for key, value in ONE_ANIMAL.items()]
+    result = reinforge(
+        "train", "env.name=reasoning_gym:leg_counting", *env_args,
+        f"model.name={tmp_path / 'warm'}", "run.steps=2", f"run.dir={tmp_path}", "run.name=r",
+        "rollout.tasks_per_step=8", "env.max_tokens_per_turn=16",
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     run = tmp_path / "r"
+
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    assert all(r["scored"] == 8 and set(r["rewards"]) == {"score_answer"} for r in rows)
+    assert all(r["scored"] == 32 and set(r["rewards"]) == {"score_answer"} for r in rows)
+    trained = [r for r in rows if r["train"] is not None]
+    assert trained, "no step trained: every group's rewards were equal"
+    for row in trained:
+        assert row["reward_std"] > 0 and row["zero_variance_groups"] < row["tasks"]
+        assert row["train"]["trained_tokens"] > 0 and row["train"]["grad_norm"] > 0
+    assert rows[-1]["policy_version"] == len(trained)
+
+    # Every reward is what reasoning-gym's own parser and scorer make of the reply.
     steps = [
-        {json.loads(line)["task_id"] for line in path.read_text().splitlines()}
+        [json.loads(line) for line in path.read_text().splitlines()]
         for path in sorted((run / "trajectories").iterdir())
     ]
-    assert all(ids and all(i.startswith("leg_counting-") for i in ids) for ids in steps)
-    assert steps[0] != steps[1]  # each step draws its own tasks
-    assert (run / "checkpoints" / "step_00002").is_dir()
+    for trajectories in steps:
+        for row in trajectories:
+            _, seed, index = row["task_id"].rsplit("-", 2)
+            dataset = create_dataset(
+                "leg_counting", **ONE_ANIMAL, seed=int(seed), size=int(index) + 1
+            )
+            reply = extract_answer(row["messages"][-1]["content"])
+            assert row["rewards"] == {
+                "score_answer": dataset.score_answer(reply, dataset[int(index)])
+            }
+    assert {row["task_id"] for row in steps[0]} != {row["task_id"] for row in steps[1]}
+
+    # And the steps changed the warmed-up weights.
+    (warm,) = (tmp_path / "warm" / "checkpoints").iterdir()
+    before = load_file(warm / "model.safetensors")
+    after = load_file(run / "checkpoints" / "step_00002" / "model.safetensors")
+    assert before.keys() == after.keys()
+    assert any(not torch.equal(before[name], after[name]) for name in before)
