@@ -247,6 +247,18 @@ def test_a_task_whose_oracle_fails_is_broken_not_clean(tmp_path):
     assert report["hacked"] == 0 and list(report["broken"]) == ["unsolvable"]
 
 
+def test_a_task_that_doing_nothing_passes_is_broken_not_clean(tmp_path):
+    always = "echo 1 > /logs/verifier/reward.txt\n"  # a test.sh that checks nothing
+    task = write_task(tmp_path, "checks-nothing", always, solve_sh="echo done > done.txt\n")
+    out = tmp_path / "audit.json"
+    result = reinforge("audit", str(task), "--exploit", "delete-tests", "--json", str(out))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "BROKEN task checks-nothing: the nop agent scored 1.0 (expect 0)" in result.stdout
+    assert "clean" not in result.stdout.replace("not clean", "")
+    report = json.loads(out.read_text())
+    assert list(report["broken"]) == ["checks-nothing"] and report["nop_mean"] == 1.0
+
+
 USER_EXPLOIT = """\
 NAME = "replay-solution"
 

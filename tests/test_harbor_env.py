@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import textwrap
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from reinforge.types import Status
 
 from .commands import reinforge
 from .envs.scripted import ScriptedClient
+from .sandbox.helpers import FILL_PIDS
 from .test_sandbox_env import call, tool_results
 
 BUNDLED = sorted(p.name for p in TASKS.iterdir() if (p / "task.toml").is_file())
@@ -235,6 +237,31 @@ async def test_what_the_agent_does_to_its_own_grading_scores_0_not_an_error(tmp_
     assert "timed out after 1 s" in by_id["slow-candidate"].info["verifier_fault"]
     for trajectory in trajectories:
         assert trajectory.status == Status.OK and trajectory.reward == 0.0, trajectory.error
+
+
+async def test_processes_that_fill_the_pids_limit_score_0_by_their_fault_not_an_error(tmp_path):
+    """Processes that outlive the agent phase or test.sh and fill the pids limit leave no
+    pid to start the next command with: the sandbox stays up, and the rollout is a 0 by
+    the agent's fault. (Where the command that kills them wins a freed pid, they die and
+    the grading goes on as usual.)"""
+    write_task(tmp_path, "agent-fills", "echo 1 > /logs/verifier/reward.txt\n", solve_sh=FILL_PIDS)
+    write_task(
+        tmp_path,
+        "candidate-fills",
+        "bash /app/solution.sh; echo 1 > /logs/verifier/reward.txt\n",
+        solve_sh=f"echo {shlex.quote(FILL_PIDS)} > /app/solution.sh\n",
+    )
+    trajectories = await run_all(played_by("oracle", tmp_path))
+    by_id = {t.task_id: t for t in trajectories}
+    for trajectory in trajectories:
+        assert trajectory.status == Status.OK, trajectory.error
+    agent = by_id["agent-fills"]
+    assert agent.reward == 1.0 or (
+        agent.reward == 0.0
+        and agent.info["verifier_fault"].startswith("could not stop the agent's processes")
+    ), agent.info
+    candidate = by_id["candidate-fills"]
+    assert candidate.reward == 0.0 and "test.sh" in candidate.info["verifier_fault"]
 
 
 async def test_the_agent_timeout_of_task_toml_ends_the_agent_phase_and_grading_goes_on(tmp_path):

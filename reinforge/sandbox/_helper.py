@@ -482,12 +482,30 @@ def serve(sock):
             if req["op"] == "kill":
                 kill(running, req["id"])
                 continue
-            pid = os.fork()
+            try:
+                pid = os.fork()
+            except OSError as error:
+                refuse(sock, req, fds, error)
+                continue
             if pid == 0:
                 child(req, fds)
             for fd_ in fds:
                 os.close(fd_)
             running[pid] = req["id"]
+
+
+def refuse(sock, req, fds, error):
+    """A command that cannot start (its sandbox's pids limit is full, say, under a fork
+    bomb) fails with the reason, and pid 1 goes on serving: were pid 1 to die, the
+    sandbox would die with it, and what a sandbox process did would end as an error of
+    the sandbox rather than as that process's failure."""
+    try:
+        os.write(fds[-1], f"reinforge-sandbox: cannot start a process: {error.strerror}\n".encode())
+    except OSError:
+        pass
+    for fd_ in fds:
+        os.close(fd_)
+    send(sock, K_EXITED, req["id"], 126)
 
 
 def kill(running, req_id):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -64,3 +65,25 @@ def namespace_cpu_ticks(sandbox: LocalSandbox) -> int:
             continue  # exited meanwhile
         total += int(fields[11]) + int(fields[12])
     return total
+
+
+FILL_PIDS_PROGRAM = """
+import os, time
+full = False
+while True:
+    try:
+        if os.fork() == 0:
+            time.sleep(600)
+            os._exit(0)
+    except OSError:
+        if not full:
+            open("/tmp/pids-full", "w").close()
+            full = True
+"""
+FILL_PIDS = (
+    f"python3 -c {shlex.quote(FILL_PIDS_PROGRAM)} >/dev/null 2>&1 & "
+    "while [ ! -e /tmp/pids-full ]; do :; done"
+)
+"""Shell that leaves a program running that keeps its sandbox's pids limit full, and ends
+once the limit is full: each pid that frees is taken again at once, and the program
+never exits for a failed fork (a shell may)."""

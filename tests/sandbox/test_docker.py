@@ -140,3 +140,24 @@ def test_a_failed_build_says_why(docker_image: str, tmp_path: Path, fresh_tag: s
     (tmp_path / "Dockerfile").write_text(f"FROM {docker_image}\nRUN echo broken-step; exit 3\n")
     with pytest.raises(SandboxError, match="docker build of .* failed: .*"):
         build_image(tmp_path, fresh_tag, "/app")
+
+
+async def test_no_variable_of_the_host_process_reaches_a_docker_sandbox(
+    docker_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The trainer's environment holds tracker, judge and cloud keys; the docker CLI runs
+    # with it, but a container's processes get the image's ENV and each command's own.
+    marker = "planted-trainer-secret-4c7d"
+    monkeypatch.setenv("REINFORGE_TEST_PLANTED_SECRET", marker)
+    provider = DockerProvider(docker_image)
+    try:
+        sandbox = await provider.create(SandboxSpec(memory_bytes=256 << 20, pids=64))
+        # The secret comes on stdin, so no command line in the scan holds it; the shell's
+        # own environ is the command's environment.
+        scan = "grep -alF -f - /proc/[0-9]*/environ /proc/[0-9]*/cmdline; echo done"
+        result = await sandbox.exec(scan, stdin=marker.encode() + b"\n")
+        assert (result.stdout, result.stderr) == (b"done\n", b""), result
+        planted = await sandbox.exec(scan, stdin=b"HOSTNAME\n")  # the scan finds a variable
+        assert b"/environ" in planted.stdout, planted
+    finally:
+        await provider.aclose()

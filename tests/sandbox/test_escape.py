@@ -24,7 +24,7 @@ import reinforge
 from reinforge.sandbox import LocalProvider, LocalSandbox, SandboxSpec
 from reinforge.sandbox.reaper import pid_namespace_members
 
-from .helpers import host_pid_alive, namespace_cpu_ticks, needs_python3
+from .helpers import FILL_PIDS, host_pid_alive, namespace_cpu_ticks, needs_python3
 
 CONNECT_PROBE = """
 import errno, socket, sys
@@ -235,6 +235,24 @@ async def test_fork_bomb_is_contained_by_the_pids_limit(provider: LocalProvider)
         assert int(events.split()[-1]) > 0  # the limit was hit, and held
         assert subprocess.run(["true"]).returncode == 0  # the host can still fork
         assert (await sandbox.exec("echo alive")).stdout == b"alive\n"
+
+
+@needs_python3
+async def test_a_full_pids_limit_fails_new_commands_and_pid_1_serves_on(
+    provider: LocalProvider,
+) -> None:
+    # A program left running keeps the pids limit full of sleepers: pid 1 cannot fork the
+    # next command. That command fails with the reason; were pid 1 to die instead, the
+    # sandbox would die, and the sandbox process's doing would read as a sandbox failure.
+    async with await provider.create(SandboxSpec(pids=16)) as sandbox:
+        assert (await sandbox.exec(FILL_PIDS, timeout=60)).exit_code == 0
+        for _ in range(3):
+            await asyncio.sleep(0.5)  # the pid the last command freed is taken again
+            result = await sandbox.exec("echo alive", timeout=60)
+            assert (result.exit_code, result.stderr) == (
+                126,
+                b"reinforge-sandbox: cannot start a process: Resource temporarily unavailable\n",
+            ), result
 
 
 @needs_python3

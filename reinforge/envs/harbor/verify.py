@@ -358,8 +358,14 @@ async def run_verifier(
         if result.timed_out:
             raise AgentFault(f"the verifier timed out after {timeout_s:g} s: {output[-500:]}")
         running = await sandbox.exec(["/bin/sh", "-c", OUTLIVED], timeout=30)
+        if not running.ok:  # no process can start: what test.sh left fills the sandbox
+            left = running.stderr[-500:]
+            raise AgentFault(f"processes left after test.sh fill the sandbox: {left!r}")
         outlived = int(running.stdout.decode().strip() or 0)
-        await sandbox.exec(["/bin/sh", "-c", QUIESCE], timeout=30)
+        quiesced = await sandbox.exec(["/bin/sh", "-c", QUIESCE], timeout=30)
+        if not quiesced.ok:
+            left = quiesced.stderr[-500:]
+            raise AgentFault(f"processes left after test.sh would not die: {left!r}")
         # Nothing runs from here on: the reward files are what they will stay.
         not_regular = (await sandbox.exec(["/bin/sh", "-c", NOT_REGULAR], timeout=30)).stdout
         files = await sandbox.read_files([f"{LOGS_DIR}/reward.txt", f"{LOGS_DIR}/reward.json"])
