@@ -68,7 +68,8 @@ def sample(
     """
     logits = logits.float()  # (B, V)
     device = logits.device
-    temperatures = [r.params.temperature for r in rows]
+    # In float32, as the logits are divided: a temperature that rounds to 0 is greedy.
+    temperatures = torch.tensor([r.params.temperature for r in rows]).tolist()
     greedy_rows = [t <= 0 for t in temperatures]
     scaled = logits
     if any(t != 1 and not greedy for t, greedy in zip(temperatures, greedy_rows, strict=True)):
