@@ -9,9 +9,9 @@ from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from reinforge.policy.batch import layout
+from reinforge.policy.batch import Batch, layout
 from reinforge.policy.decode import LlamaDecoder, _Rotary, _rotate, decode_step, llama_decoder
-from reinforge.policy.kv_cache import cache_keyword, roomy_cache
+from reinforge.policy.kv_cache import ROOM, cache_keyword, roomy_cache
 from reinforge.policy.models import load_model
 
 
@@ -203,3 +203,73 @@ def test_other_models_keep_transformers_forward() -> None:
         logits = decode_step(qwen)(torch.tensor([8]), mask, torch.tensor([[3]]), cache)
         expected = qwen(input_ids=torch.tensor([[5, 6, 7, 8]])).logits[:, -1]
     torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-5)
+
+
+def _race(
+    model: LlamaForCausalLM, prompts: list[list[int]], by_copy: bool
+) -> dict[int, list[torch.Tensor]]:
+    """Rows join (half prefilled first, the rest merged after two steps) and leave (rows
+    1 and 3 after four steps, then row 0), decoding through the written-out step on a
+    `Batch`; each row's logits per step. `by_copy` replaces the cache's states by copies
+    before each retire, so that rows are cut by selection, as before the room kept them."""
+    decoder = llama_decoder(model)
+    assert decoder is not None
+    batch: Batch[int] = Batch()
+    logits: dict[int, list[torch.Tensor]] = {row: [] for row in range(len(prompts))}
+    generator = torch.Generator().manual_seed(1)
+
+    def join(rows: list[int]) -> None:
+        ids, mask = layout([prompts[r] for r in rows], [0] * len(rows), 0, torch.device("cpu"))
+        cache = roomy_cache()
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        keyword = cache_keyword(model)
+        model(input_ids=ids, attention_mask=mask, position_ids=positions, **{keyword: cache})
+        batch.merge(rows, cache, mask)
+
+    def step() -> None:
+        token = torch.randint(
+            0, model.config.vocab_size, (len(batch.requests),), generator=generator
+        )
+        batch.mask = torch.cat([batch.mask, torch.ones((len(token), 1), dtype=torch.long)], 1)
+        position = batch.mask.sum(dim=1, keepdim=True) - 1
+        assert batch.cache is not None
+        out = decoder(token, batch.mask, position, batch.cache)
+        for row, row_logits in zip(batch.requests, out, strict=True):
+            logits[row].append(row_logits)
+
+    def retire(rows: list[int]) -> None:
+        if by_copy:
+            assert batch.cache is not None
+            for layer in batch.cache.layers:
+                layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
+        batch.retire([batch.requests.index(row) for row in rows])
+
+    with torch.inference_mode():
+        join(list(range(len(prompts) // 2)))
+        step(), step()
+        join(list(range(len(prompts) // 2, len(prompts))))
+        for _ in range(4):
+            step()
+        retire([1, 3])
+        step(), step()
+        retire([0])
+        for _ in range(ROOM + 2):  # past the end of the room
+            step()
+    return logits
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "prompts",
+    [[[5, 6, 7, 8]] * 6, [[5, 6, 7], [10, 11, 12, 13, 14, 15, 16], [20], [1, 2], [3] * 9, [4]]],
+    ids=["no padding", "left-padded rows"],
+)
+def test_rows_cut_inside_the_cache_room_give_the_same_logits_as_cut_by_copy(
+    dtype: torch.dtype, prompts: list[list[int]]
+) -> None:
+    model = _llama().to(dtype)
+    in_room, by_copy = _race(model, prompts, by_copy=False), _race(model, prompts, by_copy=True)
+    assert [len(steps) for steps in in_room.values()] == [8, 6, ROOM + 10, 4, ROOM + 8, ROOM + 8]
+    for row, steps in in_room.items():
+        for ours, theirs in zip(steps, by_copy[row], strict=True):
+            assert torch.equal(ours, theirs)  # bit for bit: the same tokens would be drawn

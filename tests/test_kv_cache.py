@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import DynamicCache
 
@@ -67,3 +68,38 @@ def test_states_replaced_from_outside_get_new_room() -> None:
     layer.keys[:, :, 0] = 5.0
     keys, _ = layer.update(new, new)
     assert keys.shape == (2, 1, 4, 2) and torch.equal(keys[:, :, 0], torch.full((2, 1, 2), 5.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_kept_move_up_in_the_room_and_later_appends_stay_in_place(dtype) -> None:
+    layer = RoomyLayer()
+    states = torch.randn(4, 2, 5, 3).to(dtype)  # (B, H, L, D)
+    layer.update(states, states.neg())
+    storage = layer.keys.untyped_storage().data_ptr()
+    # rows 1 and 3 leave; the first two columns have become padding in rows 0 and 2
+    layer.keep(torch.tensor([0, 2]), first_moved=1, start=2)
+    assert torch.equal(layer.keys, states[[0, 2], :, 2:])
+    assert torch.equal(layer.values, states.neg()[[0, 2], :, 2:])
+    new = torch.ones(2, 2, 1, 3, dtype=dtype)
+    keys, values = layer.update(new, new)
+    assert keys.untyped_storage().data_ptr() == storage  # still the same room: no copy
+    assert torch.equal(keys, torch.cat([states[[0, 2], :, 2:], new], dim=2))
+    assert torch.equal(values, torch.cat([states.neg()[[0, 2], :, 2:], new], dim=2))
+    layer.keep(torch.tensor([1]), first_moved=0, start=0)  # the first row leaves
+    for _ in range(ROOM):  # past the room's end: a new room holds the row
+        keys, _ = layer.update(new[:1] * 2, new[:1] * 2)
+    assert keys.shape == (1, 2, 4 + ROOM, 3)
+    assert torch.equal(keys[:, :, :3], states[[2], :, 2:])
+    assert keys.untyped_storage().data_ptr() != storage
+
+
+def test_rows_kept_from_states_set_outside_are_selected_by_copy() -> None:
+    layer = RoomyLayer()
+    layer.update(torch.zeros(3, 1, 2, 2), torch.zeros(3, 1, 2, 2))
+    merged = torch.arange(3 * 4 * 2, dtype=torch.float32).view(3, 1, 4, 2)  # as a merge sets
+    layer.keys, layer.values = merged, merged.clone()
+    layer.keep(torch.tensor([0, 2]), first_moved=1, start=1)
+    assert torch.equal(layer.keys, merged[[0, 2], :, 1:])
+    assert torch.equal(merged, torch.arange(24, dtype=torch.float32).view(3, 1, 4, 2))  # untouched
+    keys, _ = layer.update(torch.ones(2, 1, 1, 2), torch.ones(2, 1, 1, 2))
+    assert torch.equal(keys, torch.cat([merged[[0, 2], :, 1:], torch.ones(2, 1, 1, 2)], dim=2))

@@ -15,7 +15,7 @@ from typing import Generic, TypeVar
 import torch
 from transformers.cache_utils import Cache
 
-from reinforge.policy.kv_cache import roomy_cache
+from reinforge.policy.kv_cache import RoomyLayer, roomy_cache
 from reinforge.policy.prefix_cache import PrefixHit
 
 Row = TypeVar("Row")
@@ -56,10 +56,11 @@ class Batch(Generic[Row]):
         mask = self.mask.index_select(0, index)  # (B', L)
         start = int((mask.sum(dim=0) > 0).nonzero()[0])
         self.mask = mask[:, start:]
+        first_moved = next((j for j, row in enumerate(keep) if j != row), len(keep))
         assert self.cache is not None
         for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(0, index)[:, :, start:]
-            layer.values = layer.values.index_select(0, index)[:, :, start:]
+            assert isinstance(layer, RoomyLayer)  # every cache here is a `roomy_cache`
+            layer.keep(index, first_moved, start)
 
     def row_states(self, row: int) -> tuple[int, list[torch.Tensor], list[torch.Tensor]]:
         """One row's states without its padding: (how many, keys and values per layer,

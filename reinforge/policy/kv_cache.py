@@ -4,8 +4,11 @@ transformers' `DynamicLayer` concatenates on every update, so each decode step c
 whole cache of every layer: at batch 32 on the arithmetic prompts that copy was ~15% of a
 float32 decode step of SmolLM2-135M on the 2-core CPU. `RoomyLayer` keeps spare columns
 after the states and writes new ones there; `keys` and `values` are views of that room.
-Code that replaces `keys` or `values` outright (the engine's merge and retire) needs no
-care: the next update sees a tensor that is not its room's view and makes new room.
+Rows that leave the batch (`keep`) are cut inside the room too: the rows after them move
+up and leading columns that became padding are skipped, not copied, so the next update
+still writes in place. Code that replaces `keys` or `values` outright (the engine's merge)
+needs no care: the next update sees a tensor that is not its room's view and makes new
+room.
 """
 
 from __future__ import annotations
@@ -29,29 +32,67 @@ class RoomyLayer(DynamicLayer):
         self._key_room: torch.Tensor | None = None
         self._value_room: torch.Tensor | None = None
         self._written: tuple[torch.Tensor, torch.Tensor] | None = None
-        """The `keys` and `values` the last update returned: while they are still the
-        layer's, they are the rooms' first columns and the next update needs no checks."""
+        """The `keys` and `values` the last update or `keep` set: while they are still the
+        layer's, they are the rooms' first rows from column `_start` on, and the next
+        update needs no checks."""
+        self._start = 0
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        written, added = self._written, key_states.shape[-2]
-        if written is not None and written[0] is self.keys and written[1] is self.values:
+        added = key_states.shape[-2]
+        if self._owns_views():
             assert self._key_room is not None and self._value_room is not None
-            length, room = self.keys.shape[-2], self._key_room
-            if length + added <= room.shape[-2] and key_states.dtype == room.dtype:
-                self._key_room.narrow(-2, length, added).copy_(key_states)
-                self._value_room.narrow(-2, length, added).copy_(value_states)
-                self.keys = self._key_room.narrow(-2, 0, length + added)
-                self.values = self._value_room.narrow(-2, 0, length + added)
-                self._written = self.keys, self.values
+            end = self._start + self.keys.shape[-2]
+            if end + added <= self._key_room.shape[-2] and key_states.dtype == self._key_room.dtype:
+                rows = self.keys.shape[0]
+                self._key_room[:rows].narrow(-2, end, added).copy_(key_states)
+                self._value_room[:rows].narrow(-2, end, added).copy_(value_states)
+                self._view(rows, end + added)
                 return self.keys, self.values
         self.keys, self._key_room = _append(self.keys, self._key_room, key_states)
         self.values, self._value_room = _append(self.values, self._value_room, value_states)
+        self._start = 0
         self._written = self.keys, self.values
         return self.keys, self.values
+
+    def keep(self, index: torch.Tensor, first_moved: int, start: int) -> None:
+        """Keep the rows `index` (B',), ascending, and the columns from `start` on.
+
+        In the layer's own room only the rows from `first_moved` on are copied (up, to
+        close the gaps) and the cut columns are skipped, so the room outlives the cut:
+        at batch 32 a cut by copy cost a whole cache twice, once to select and again to
+        make room at the next update. States set from outside are selected by copy.
+        """
+        if not self._owns_views():
+            self.keys = self.keys.index_select(0, index)[:, :, start:]
+            self.values = self.values.index_select(0, index)[:, :, start:]
+            return
+        assert self._key_room is not None and self._value_room is not None
+        end = self._start + self.keys.shape[-2]
+        self._start += start
+        rows = len(index)
+        if first_moved < rows:
+            sources = index[first_moved:]
+            for room in (self._key_room, self._value_room):
+                window = room[:, :, self._start : end]
+                window[first_moved:rows] = window.index_select(0, sources)
+        self._view(rows, end)
+
+    def _owns_views(self) -> bool:
+        """Whether `keys` and `values` are still the views of the room that this layer set."""
+        written = self._written
+        return written is not None and written[0] is self.keys and written[1] is self.values
+
+    def _view(self, rows: int, end: int) -> None:
+        """Point `keys` and `values` at the rooms' first `rows` rows, columns `_start`..`end`."""
+        assert self._key_room is not None and self._value_room is not None
+        length = end - self._start
+        self.keys = self._key_room[:rows].narrow(-2, self._start, length)
+        self.values = self._value_room[:rows].narrow(-2, self._start, length)
+        self._written = self.keys, self.values
 
 
 def cache_keyword(model: PreTrainedModel) -> str:
