@@ -12,6 +12,7 @@ import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -36,27 +37,35 @@ def _checkpoints(run: Path) -> list[str]:
     return sorted(path.name for path in (run / "checkpoints").iterdir())
 
 
-def test_ctrl_c_abandons_the_step_in_flight_saves_the_last_and_says_how_to_resume(tmp_path):
-    # steps after the first hold their rollouts until cancelled: Ctrl-C lands in step 2's
-    args = tiny_train(tmp_path, f"env.name={HELD_ENV}", "run.steps=4")[3:]  # after -m reinforge
+def _interrupted(args: list[str], cue: Callable[[str], bool]) -> str:
+    """Run `reinforge *args` in its own process group, press Ctrl-C there (SIGINT to the
+    group, as a terminal does) at the first stderr line that `cue` accepts, and return its
+    stderr once it has exited with 130."""
     process = subprocess.Popen(
         [sys.executable, "-m", "reinforge", *args],
         cwd=ROOT,
         stderr=subprocess.PIPE,
         text=True,
-        start_new_session=True,  # its own process group, which Ctrl-C in a terminal signals
+        start_new_session=True,
     )
     try:
         assert process.stderr is not None
         for line in process.stderr:
-            if line.startswith("step    1/4  reward"):
+            if cue(line):
                 os.killpg(process.pid, signal.SIGINT)
                 break
         stderr = process.stderr.read()
         assert process.wait(timeout=120) == 130, stderr
+        return stderr
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
+
+
+def test_ctrl_c_abandons_the_step_in_flight_saves_the_last_and_says_how_to_resume(tmp_path):
+    # steps after the first hold their rollouts until cancelled: Ctrl-C lands in step 2's
+    args = tiny_train(tmp_path, f"env.name={HELD_ENV}", "run.steps=4")[3:]  # after -m reinforge
+    stderr = _interrupted(args, lambda line: line.startswith("step    1/4  reward"))
     (said,) = [line for line in stderr.splitlines() if "interrupted" in line]
     resume = f"reinforge {shlex.join([*args, '--resume'])}"
     assert said == (
@@ -76,24 +85,7 @@ def test_ctrl_c_abandons_the_step_in_flight_saves_the_last_and_says_how_to_resum
 
 def test_ctrl_c_before_the_first_checkpoint_says_so_and_the_run_resumes_from_step_0(tmp_path):
     args = tiny_train(tmp_path, f"env.name={HELD_ENV}", "env.args.hold_first=true")[3:]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "reinforge", *args],
-        cwd=ROOT,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert process.stderr is not None
-        for line in process.stderr:
-            if line == "holding\n":  # step 1's rollouts are in flight
-                os.killpg(process.pid, signal.SIGINT)
-                break
-        stderr = process.stderr.read()
-        assert process.wait(timeout=120) == 130, stderr
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
+    stderr = _interrupted(args, lambda line: line == "holding\n")  # step 1 in flight
     (said,) = [line for line in stderr.splitlines() if "interrupted" in line]
     resume = f"reinforge {shlex.join([*args, '--resume'])}"
     assert said == (
