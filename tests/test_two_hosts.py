@@ -234,12 +234,15 @@ def test_an_engine_killed_on_host_b_comes_back_and_catches_up_from_the_object_st
 
 
 @pytest.mark.timeout(1800)
-def test_losing_host_b_ends_the_run_in_one_line(tmp_path):
-    """Every process of host B killed at once once step 1 is recorded: its engines and their
-    actors are gone, and no node can take them again. The run ends with one line and exit
-    code 2, not a hang: the bound is the subprocess's timeout. Its own two hosts: this one
-    loses B. Steps past the second never start (`release` is never made), so the run cannot
-    end by finishing."""
+@pytest.mark.parametrize("fault", ["killed", "frozen"])
+def test_losing_host_b_ends_the_run_in_one_line(tmp_path, fault):
+    """Host B lost once step 1 is recorded: every process of it killed at once, or stopped
+    (SIGSTOP), a host that hangs rather than dies, whose engines take connections and never
+    answer and whose actors and node say nothing. Either way the run ends with one line
+    naming the engine and host B, and exit code 2, not a hang: the bound is the
+    subprocess's timeout. Its own two hosts: this one loses B (a frozen B is let go, with
+    SIGCONT, before the fixture stops it). Steps past the second never start (`release` is
+    never made), so the run cannot end by finishing."""
     require_extra("ray", "ray")
     with two_hosts() as hosts:
         argv = _held_run_on_b(hosts, tmp_path, tmp_path / "release")
@@ -249,44 +252,20 @@ def test_losing_host_b_ends_the_run_in_one_line(tmp_path):
         )  # fmt: skip
         try:
             _stepped(run, tmp_path / "r")
-            hosts.b.kill()
+            if fault == "killed":
+                hosts.b.kill()
+            else:
+                hosts.b.freeze()
             _, stderr = run.communicate(timeout=900)
         finally:
             run.kill()
+            if fault == "frozen":
+                hosts.b.thaw()
     assert run.returncode == 2, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     # the supervisor says the engine went with its actor and node, not as a process's code
     assert re.search(LOST + re.escape(hosts.b.ip), stderr), stderr[-3000:]
     assert "exited with code" not in stderr, stderr[-3000:]
-    last = stderr.strip().splitlines()[-1]
-    assert last.startswith(f"reinforge train: error: engine 0 (on node {hosts.b.ip})"), last
-    assert "(is its node up?)" in last or "(Ray: " in last, stderr[-3000:]
-
-
-@pytest.mark.timeout(1800)
-def test_a_host_b_that_hangs_ends_the_run_in_one_line(tmp_path):
-    """Every process of host B stopped (SIGSTOP) once step 1 is recorded: the host hangs
-    rather than dies, so its engines take connections and never answer, and its actors
-    and node say nothing. The run ends with one line naming the engine and host B, and
-    exit code 2, not a hang: the bound is the subprocess's timeout. Its own two hosts: this
-    one freezes B; B is let go (SIGCONT) before the fixture stops it."""
-    require_extra("ray", "ray")
-    with two_hosts() as hosts:
-        argv = _held_run_on_b(hosts, tmp_path, tmp_path / "release")
-        run = subprocess.Popen(
-            hosts.on_a(argv), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        try:
-            _stepped(run, tmp_path / "r")
-            hosts.b.freeze()
-            _, stderr = run.communicate(timeout=900)
-        finally:
-            run.kill()
-            hosts.b.thaw()
-    assert run.returncode == 2, stderr[-3000:]
-    assert "Traceback" not in stderr, stderr[-3000:]
-    assert re.search(LOST + re.escape(hosts.b.ip), stderr), stderr[-3000:]
     last = stderr.strip().splitlines()[-1]
     assert last.startswith(f"reinforge train: error: engine 0 (on node {hosts.b.ip})"), last
     assert "(is its node up?)" in last or "(Ray: " in last, stderr[-3000:]
