@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import threading
 import time
@@ -23,6 +24,12 @@ from reinforge.policy.engine import Engine
 from reinforge.policy.engine_thread import Completion, TokenListener
 from reinforge.policy.sampling import SamplingParams
 from reinforge.policy.server import create_app
+
+# Ctrl-C as a terminal delivers it: a suite started in the background by a script (`cmd &`)
+# inherits SIGINT ignored, and so would every command its tests start, so that the tests of
+# Ctrl-C would wait for a stop that never comes.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ENGINES = ["builtin", "vllm"]
 

@@ -43,6 +43,7 @@ class _EpisodeScript(ScriptedClient):
     """A ScriptedClient with the bookkeeping the rollout generator reads from its client."""
 
     generate_s = 0.0
+    turns_s: tuple[float, ...] = ()
     loop_stops = 0
 
     @property
