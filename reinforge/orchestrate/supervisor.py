@@ -2,12 +2,12 @@
 
 Twice a second it looks at every engine. One whose process exited (or, on a cluster, whose
 Ray actor died or stopped answering), or that a request could not reach and that no longer
-answers `/health`, is taken out of the router and the weight
-pushes, restarted on its port, handed the last push's weights and version, and only then
-routed to again. Meanwhile its episodes' turns go to the other engines (`Router.lost`), so
-no rollout fails because an engine died and every token records the version that sampled
-it. Each restart is one line on stderr and counted in the step's metrics; the
-`engines.restarts` + 1st death stops the run with one line.
+answers `/health`, is taken out of the router and the weight pushes, restarted on its
+port, handed the last push's weights and version, and only then routed to again. Meanwhile
+its episodes' turns go to the other engines (`Router.lost`), so no rollout fails because
+an engine died and every token records the version that sampled it. Each restart is one
+line on stderr and counted in the step's metrics; the `engines.restarts` + 1st death stops
+the run with one line.
 """
 
 from __future__ import annotations

@@ -71,11 +71,9 @@ def sample(
     # In float32, as the logits are divided: a temperature that rounds to 0 is greedy.
     temperatures = torch.tensor([r.params.temperature for r in rows]).tolist()
     greedy_rows = [t <= 0 for t in temperatures]
+    divisors = [1.0 if t <= 0 else t for t in temperatures]
     scaled = logits
-    if any(t != 1 and not greedy for t, greedy in zip(temperatures, greedy_rows, strict=True)):
-        divisors = [
-            1.0 if greedy else t for t, greedy in zip(temperatures, greedy_rows, strict=True)
-        ]
+    if any(d != 1 for d in divisors):
         scaled = logits / torch.tensor(divisors, device=device).unsqueeze(1)  # (B, V)
     logp = torch.log_softmax(scaled, dim=-1)  # (B, V)
     top_p = [r.params.top_p for r in rows]
