@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, computed_field
 
 Message = dict[str, Any]
 """An OpenAI chat message: `{"role": ..., "content": ..., ["tool_calls": ...]}`."""
@@ -114,8 +114,6 @@ class Timings(BaseModel):
     and `stop_s` are parts of it."""
     start_s: float = 0.0
     """The environment's `start`: acquiring a sandbox and writing the task's files."""
-    tools_s: float = 0.0
-    """The environment's answers to the turns: tool calls, feedback, opponent moves."""
     stop_s: float = 0.0
     """The environment's `stop`: for a sandbox task, copying the workspace out and
     running the verifier on it (its grading)."""
@@ -123,6 +121,12 @@ class Timings(BaseModel):
     """The rubric's share of its group's scoring time."""
     total_s: float = 0.0
     turns: list[TurnTime] = Field(default_factory=list)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def tools_s(self) -> float:
+        """The environment's answers to the turns: tool calls, feedback, opponent moves."""
+        return sum((turn.env_s for turn in self.turns), 0.0)
 
 
 class Trajectory(BaseModel):

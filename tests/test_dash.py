@@ -87,7 +87,6 @@ def _trajectory(chat: ChatFormat, task: Task, index: int, step: int, answer: str
         timings=Timings(
             generate_s=0.5 * len(replies),
             env_s=0.25,
-            tools_s=0.25,
             total_s=0.5 * len(replies) + 0.25,
             turns=[  # the feedback answers every reply but the last
                 TurnTime(generate_s=0.5, env_s=0.25 if turn < len(replies) - 1 else 0.0)

@@ -149,7 +149,6 @@ def _record(
     if episode is not None:
         clock, timings = episode.clock, trajectory.timings
         timings.start_s, timings.stop_s = clock.start_s, clock.stop_s
-        timings.tools_s = sum(clock.turns_s)
         # The last reply goes unanswered when the episode ends on it (turns or tokens spent).
         paired = zip_longest(client.turns_s, clock.turns_s, fillvalue=0.0)
         timings.turns = [TurnTime(generate_s=g, env_s=e) for g, e in paired]
