@@ -212,10 +212,7 @@ UNREAD: dict[str, dict[str, str | None]] = {
         "trainer.collective_timeout_s": _SHARDED_ONLY,
     },
     "any command, the built-in engine": {"engine.vllm": _BUILTIN_ENGINE},
-    "any command, vLLM": {
-        "engine.admit_group": _VLLM_ENGINE,
-        "engine.admit_wait_steps": _VLLM_ENGINE,
-    },
+    "any command, vLLM": {"engine.admit": _VLLM_ENGINE},
     "sim calibrate": {
         "": "not read by sim calibrate",
         "model": None,
@@ -237,8 +234,7 @@ UNREAD: dict[str, dict[str, str | None]] = {
         "engine": _CALIBRATED,
         "engine.dtype": None,
         "engine.max_batch": None,
-        "engine.admit_group": None,
-        "engine.admit_wait_steps": None,
+        "engine.admit": None,
         "trainer": _CALIBRATED,
         "trainer.truncated": None,
         "optim": _CALIBRATED,
@@ -269,6 +265,8 @@ MOVED: dict[str, tuple[str, str]] = {
     "rollout.engine_restarts": ("engines.restarts", 'engines.kind = "spawned"'),
     "cluster.engine": ("engines.resources", 'engines.kind = "spawned"'),
     "trainer.truncation_penalty": ("trainer.truncated.reward", 'kind = "penalize"'),
+    "engine.admit_group": ("engine.admit.size", 'kind = "grouped"'),
+    "engine.admit_wait_steps": ("engine.admit.wait_steps", 'kind = "grouped"'),
 }
 """Keys that moved, each with its new key and the variant that holds it: a config that
 sets one is refused in one line naming the new key."""

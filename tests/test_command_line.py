@@ -150,8 +150,8 @@ def test_the_config_modules_import_no_torch():
             'model.engine = "vllm"',
         ),
         (
-            ["train", "model.engine=vllm", "engine.admit_group=2"],
-            "engine.admit_group: not read by vLLM, which admits requests itself, only by "
+            ["train", "model.engine=vllm", "engine.admit.size=2"],
+            "engine.admit.size: not read by vLLM, which admits requests itself, only by "
             'model.engine = "builtin"',
         ),
         (
@@ -190,8 +190,8 @@ def test_an_override_the_command_reads_takes_effect():
     assert load_command_config(Config, args).engine.dtype == "bfloat16"  # the teacher's
     args = parse(build_parser(), ["serve", "model.engine=vllm", "engine.vllm.kv_cache_mib=99"])
     assert load_with_flags(ServeConfig, args, serve_command.FLAGS).engine.vllm.kv_cache_mib == 99
-    args = parse(build_parser(), ["train", "engines.kind=spawned", "engine.admit_group=2"])
-    assert load_command_config(Config, args).engine.admit_group == 2  # the built-in engine's
+    args = parse(build_parser(), ["train", "engines.kind=spawned", "engine.admit.size=2"])
+    assert load_command_config(Config, args).engine.admit.size == 2  # the built-in engine's
     ray = ["train", "cluster.backend=ray", "cluster.address=auto", "trainer.world_size=2"]
     args = parse(build_parser(), [*ray, "cluster.rank.cpus=2", "trainer.collective_timeout_s=5"])
     config = load_command_config(Config, args)

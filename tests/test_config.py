@@ -25,6 +25,7 @@ from reinforge.orchestrate.config import (
     SpawnedEngines,
     SyncLoop,
 )
+from reinforge.policy.config import AtOnce, Grouped
 from reinforge.policy.models import resolve_device
 from reinforge.train.config import TrainerConfig
 from reinforge.train.token_weights import ConstantNorm
@@ -159,6 +160,8 @@ def test_the_loop_and_the_engines_are_variants_chosen_by_their_tag():
     spawned = load("engines.kind=spawned", "engines.count=2", "engines.resources.gpus=1")
     assert spawned.engines == SpawnedEngines(count=2, resources=Resources(gpus=1.0))
     assert load("engines.kind=spawned").engines == SpawnedEngines()
+    assert load("engine.admit.wait_steps=2").engine.admit == Grouped(wait_steps=2)  # no tag
+    assert load("engine.admit=at_once").engine.admit == AtOnce()
 
 
 SERVED = ["engines.kind=served", "engines.url=http://x/v1"]
@@ -210,6 +213,12 @@ SERVED = ["engines.kind=served", "engines.url=http://x/v1"]
             'engines.weight_sync.kind = "broadcast"',
             "file",
         ),
+        (
+            ["engine.admit.kind=at_once", "engine.admit.size=4"],
+            "engine.admit.size",
+            'engine.admit.kind = "grouped"',
+            "at_once",
+        ),
     ],
 )
 def test_a_key_of_another_variant_is_one_line_naming_the_variants_that_hold_it(
@@ -241,23 +250,43 @@ def test_an_unknown_key_or_tag_of_a_variant_is_one_line(overrides, error):
     assert str(refused.value) == f"config {error}"
 
 
+SPAWNED = 'engines.kind = "spawned"'
+
+
 @pytest.mark.parametrize(
-    ("toml", "key", "new", "kind"),
+    ("toml", "key", "new", "variant"),
     [
-        ('[loop]\nengine_url = "http://x/v1"', "loop.engine_url", "engines.url", "served"),
-        ('[loop]\nengine_token = "t"', "loop.engine_token", "engines.token", "served"),
-        ("[rollout]\nengines = 2", "rollout.engines", "engines.count", "spawned"),
         (
-            "[rollout]\nengine_restarts = 0",
-            "rollout.engine_restarts",
-            "engines.restarts",
-            "spawned",
+            '[loop]\nengine_url = "http://x/v1"',
+            "loop.engine_url",
+            "engines.url",
+            'engines.kind = "served"',
         ),
-        ("[cluster.engine]\ngpus = 1", "cluster.engine", "engines.resources", "spawned"),
+        (
+            '[loop]\nengine_token = "t"',
+            "loop.engine_token",
+            "engines.token",
+            'engines.kind = "served"',
+        ),
+        ("[rollout]\nengines = 2", "rollout.engines", "engines.count", SPAWNED),
+        ("[rollout]\nengine_restarts = 0", "rollout.engine_restarts", "engines.restarts", SPAWNED),
+        ("[cluster.engine]\ngpus = 1", "cluster.engine", "engines.resources", SPAWNED),
+        (
+            "[engine]\nadmit_group = 4",
+            "engine.admit_group",
+            "engine.admit.size",
+            'kind = "grouped"',
+        ),
+        (
+            "[engine]\nadmit_wait_steps = 2",
+            "engine.admit_wait_steps",
+            "engine.admit.wait_steps",
+            'kind = "grouped"',
+        ),
     ],
 )
-def test_a_moved_key_is_one_line_naming_its_new_key(toml, key, new, kind, tmp_path, capsys):
-    error = f'config {key}: moved to {new} (with engines.kind = "{kind}")'
+def test_a_moved_key_is_one_line_naming_its_new_key(toml, key, new, variant, tmp_path, capsys):
+    error = f"config {key}: moved to {new} (with {variant})"
     path = tmp_path / "old.toml"
     path.write_text(toml + "\n")
     with pytest.raises(ConfigError) as refused:
@@ -283,3 +312,19 @@ def test_a_sharded_trainer_samples_from_spawned_engines():
         'its weights in its ranks, not in the run\'s process; use engines.kind = "spawned" '
         '(its default) or "served"'
     )
+
+
+def test_the_admission_rule_of_each_variant():
+    """(waiting, room, running, waited steps): the engine and the simulator ask the same."""
+    grouped = Grouped(size=4, wait_steps=2)
+    assert grouped.admits(1, 10, 0, 0)  # an idle engine takes what comes
+    assert not grouped.admits(3, 10, 5, 1)  # too few, not waited long enough
+    assert grouped.admits(3, 10, 5, 2)  # ...or waited long enough
+    assert grouped.admits(4, 10, 5, 0)  # a group
+    assert grouped.admits(2, 2, 5, 0)  # as many as there is room for
+    assert not grouped.admits(4, 0, 64, 9)  # no room
+    assert not grouped.admits(0, 10, 0, 9)  # nothing waits
+    at_once = AtOnce()
+    assert at_once.admits(1, 10, 5, 0)
+    assert not at_once.admits(1, 0, 64, 0)
+    assert not at_once.admits(0, 10, 5, 0)

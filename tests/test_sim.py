@@ -51,7 +51,7 @@ def profile(
 
 def config(*overrides: str) -> SimConfig:
     # admit newcomers at once, so a hand-worked start time is the time they arrive
-    return load_config(SimConfig, None, ["engine.admit_group=1", *overrides])
+    return load_config(SimConfig, None, ["engine.admit=at_once", *overrides])
 
 
 class Fixed:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal, Self
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, Tag, field_validator, model_validator
 
 from reinforge.policy.specs import DEFAULT_MODEL
-from reinforge.types import Section
+from reinforge.types import Section, by_kind, tagged
 
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 """OpenAI's range; the server's request schema checks requests against the same type."""
@@ -65,6 +65,39 @@ class VllmConfig(Section):
     start-up about a minute longer on CPU. Off: eager mode."""
 
 
+class AtOnce(Section):
+    """Newcomers join the running batch at its next decode step."""
+
+    kind: Literal["at_once"] = "at_once"
+
+    def admits(self, waiting: int, room: int, running: int, waited_steps: int) -> bool:
+        return waiting > 0 and room > 0
+
+
+class Grouped(Section):
+    """Newcomers join a running batch in groups, since a prefill costs about a decode step
+    whatever its size; an idle engine takes them at once."""
+
+    kind: Literal["grouped"] = "grouped"
+    size: int = Field(8, ge=2)
+    """They join once this many wait (or as many as the batch has room for)..."""
+    wait_steps: int = Field(4, ge=1)
+    """...or once the first of them has waited this many decode steps."""
+
+    def admits(self, waiting: int, room: int, running: int, waited_steps: int) -> bool:
+        ready = waiting >= min(self.size, room) or not running
+        return waiting > 0 and room > 0 and (ready or waited_steps >= self.wait_steps)
+
+
+AdmissionConfig = Annotated[
+    Annotated[AtOnce, Tag("at_once")] | Annotated[Grouped, Tag("grouped")],
+    tagged("kind", "grouped"),
+    BeforeValidator(by_kind),
+]
+"""When requests that arrive at a busy engine join its batch; the simulator's engine
+(`reinforge/sim`) asks the same rule."""
+
+
 class EngineConfig(Section):
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Precision the engine samples in; a trainer keeps fp32 weights. bfloat16 samples
@@ -75,11 +108,9 @@ class EngineConfig(Section):
     prefix_cache_mib: int = Field(1024, ge=0)
     """Memory for the KV states of finished sequences, so a conversation's next turn
     computes only its new tokens. 0 turns the cache off."""
-    admit_group: int = Field(8, ge=1)
-    """New requests join a running batch once this many wait (a prefill costs about a
-    decode step whatever its size)..."""
-    admit_wait_steps: int = Field(4, ge=0)
-    """...or once the first of them has waited this many decode steps."""
+    admit: AdmissionConfig = Field(default_factory=Grouped)
+    """When new requests join a running batch (`admit = "at_once"` names a variant with
+    its defaults)."""
     vllm: VllmConfig = Field(default_factory=VllmConfig)
 
 

@@ -167,10 +167,7 @@ class Engine(EngineThread):
                 return
             room = self.config.max_batch - len(batch.requests)
             arrivals: list[_Request] = []
-            # A prefill has a fixed cost (~a decode step), so newcomers join in groups:
-            # at once when the batch is empty or enough are waiting, else after a few steps.
-            ready = len(waiting) >= min(self.config.admit_group, room) or not batch.requests
-            if waiting and room > 0 and (ready or waited_steps >= self.config.admit_wait_steps):
+            if self.config.admit.admits(len(waiting), room, len(batch.requests), waited_steps):
                 arrivals, waiting = waiting[:room], waiting[room:]
                 waited_steps = 0
             elif waiting:

@@ -18,6 +18,7 @@ from pydantic import Field, field_validator
 
 from reinforge.config import Config
 from reinforge.orchestrate.config import AsyncLoop, SyncLoop
+from reinforge.policy.config import AtOnce, Grouped
 from reinforge.types import Section
 
 Mode = Literal["sync", "async", "partial"]
@@ -148,8 +149,7 @@ class LoopShape:
     tasks_per_step: int
     concurrency: int
     max_batch: int
-    admit_group: int
-    admit_wait_steps: int
+    admit: AtOnce | Grouped
 
     @classmethod
     def of(cls, config: SimConfig, mode: Mode) -> LoopShape:
@@ -160,8 +160,7 @@ class LoopShape:
             tasks_per_step=config.rollout.tasks_per_step,
             concurrency=config.rollout.concurrency,
             max_batch=config.engine.max_batch,
-            admit_group=config.engine.admit_group,
-            admit_wait_steps=config.engine.admit_wait_steps,
+            admit=config.engine.admit,
         )
 
 

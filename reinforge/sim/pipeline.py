@@ -9,7 +9,7 @@ What it holds, part for part with the real loop:
   environment time after each; a group is graded once all its rollouts are done, and
   waits for its slowest grade;
 - the engines (`Engine`): continuous batching as the built-in engine does it. Each
-  iteration admits waiting requests (`engine.admit_group`, `engine.admit_wait_steps`,
+  iteration admits waiting requests by the engine's own rule (`engine.admit`,
   `engine.max_batch`), prefills them (a new request gets its first token there and its
   second from the same iteration's decode), decodes one token for every running row, and
   retires the rows that finished. Its time is the profile's prefill of the new tokens plus
@@ -107,11 +107,9 @@ class Engine:
         self.sim.clock.after(seconds, self._end)
 
     def _admit(self, shape: LoopShape) -> list[SimRequest]:
-        """The engine's admission rule: newcomers join in groups, since a prefill costs
-        about a decode step whatever its size."""
+        """The built-in engine's admission rule, asked as the engine asks it."""
         room = shape.max_batch - len(self.rows)
-        ready = len(self.waiting) >= min(shape.admit_group, room) or not self.rows
-        if self.waiting and room > 0 and (ready or self.waited_steps >= shape.admit_wait_steps):
+        if shape.admit.admits(len(self.waiting), room, len(self.rows), self.waited_steps):
             arrivals, self.waiting = self.waiting[:room], self.waiting[room:]
             self.waited_steps = 0
             return arrivals
