@@ -25,7 +25,8 @@ from reinforge.orchestrate.config import (
     SpawnedEngines,
     SyncLoop,
 )
-from reinforge.policy.config import AtOnce, Grouped
+from reinforge.orchestrate.engine_processes import engine_settings
+from reinforge.policy.config import AtOnce, EngineConfig, Grouped
 from reinforge.policy.models import resolve_device
 from reinforge.train.config import TrainerConfig
 from reinforge.train.token_weights import ConstantNorm
@@ -328,3 +329,18 @@ def test_the_admission_rule_of_each_variant():
     assert at_once.admits(1, 10, 5, 0)
     assert not at_once.admits(1, 0, 64, 0)
     assert not at_once.admits(0, 10, 5, 0)
+
+
+def test_an_engine_samples_in_bfloat16_on_a_gpu_and_float32_on_a_cpu_unless_told():
+    assert (EngineConfig().dtype_on(gpu=True), EngineConfig().dtype_on(gpu=False)) == (
+        "bfloat16",
+        "float32",
+    )
+    for dtype in ("float32", "bfloat16"):
+        told = EngineConfig(dtype=dtype)
+        assert told.dtype_on(gpu=True) == told.dtype_on(gpu=False) == dtype
+    # spawned engines are told the dtype settled for where they run, and their weights are
+    # cast to it
+    config = load_config(Config, None, ["engines.kind=spawned"])
+    assert engine_settings(config, "t", gpu=True).engine.dtype == "bfloat16"
+    assert engine_settings(config, "t", gpu=False).engine.dtype == "float32"

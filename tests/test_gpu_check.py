@@ -15,6 +15,7 @@ from benchmarks import gpu_check
 from reinforge.policy.config import EngineConfig, ModelConfig
 from reinforge.policy.engine import Engine
 from reinforge.policy.engine_thread import Completion
+from reinforge.policy.models import resolve_device
 from reinforge.policy.sampling import SamplingParams
 from reinforge.train.trainer import Trainer, build_trainer
 
@@ -50,7 +51,7 @@ class ShiftedLogprobsEngine(Engine):
 
 
 def engine_checks(kind: type[Engine]) -> dict[str, dict]:
-    engine = kind.from_spec(MODEL.name, EngineConfig(), MODEL.device)
+    engine = kind.from_spec(MODEL.name, EngineConfig(), resolve_device(MODEL.device))
     try:
         return gpu_check.engine_checks(engine, TINY)
     finally:

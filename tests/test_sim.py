@@ -361,6 +361,11 @@ def test_predict_refuses_a_profile_of_another_model_engine_or_dtype(tmp_path, ca
         assert error.startswith(f"reinforge sim: error: {path} was calibrated for test (builtin, ")
         assert error.endswith(f"or predict with {fix}\n") and error.count("\n") == 1
     assert main(["sim", "--profile", str(path), "--model", "test", "--steps", "3"]) == 0
+    # a dtype of auto is what the profile's machine settled it to (bfloat16 on a GPU)
+    profile().model_copy(update={"dtype": "bfloat16"}).save(path)
+    assert main(["sim", "--profile", str(path), "--model", "test", "--steps", "3"]) == 0
+    assert main(["sim", "--profile", str(path), "--model", "test", "--dtype", "float32"]) == 2
+    assert capsys.readouterr().err.endswith("or predict with --dtype bfloat16\n")
 
 
 def test_sim_reads_the_overrides_it_takes_and_refuses_the_others(tmp_path, capsys):

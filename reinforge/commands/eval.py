@@ -35,7 +35,7 @@ FLAGS = (
     Flag("--timeout", "rollout.timeout_s", "SECONDS"),
     Flag("--out", "eval.out", "DIR"),
     Flag("--seed", "eval.seed", "S"),
-    Flag("--dtype", "engine.dtype", "{float32,bfloat16}"),
+    Flag("--dtype", "engine.dtype", "{auto,float32,bfloat16}"),
     Flag("--agent", "eval.agent", "{model,oracle,nop}"),
     Flag("--harness-variants", "env.augment.variants", "N"),
 )

@@ -17,7 +17,7 @@ FLAGS = (
     Flag("--engine", "model.engine", "{builtin,vllm}"),
     Flag("--host", "server.host", "HOST"),
     Flag("--port", "server.port", "PORT"),
-    Flag("--dtype", "engine.dtype", "{float32,bfloat16}"),
+    Flag("--dtype", "engine.dtype", "{auto,float32,bfloat16}"),
     Flag("--max-batch", "engine.max_batch", "N"),
 )
 

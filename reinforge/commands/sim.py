@@ -33,7 +33,7 @@ FLAGS = (
     Flag("--profile", "sim.profile", "PROFILE.json"),
     Flag("--model", "model.name", "SPEC"),
     Flag("--engine", "model.engine", "{builtin,vllm}"),
-    Flag("--dtype", "engine.dtype", "{float32,bfloat16}"),
+    Flag("--dtype", "engine.dtype", "{auto,float32,bfloat16}"),
     Flag("--from-run", "sim.from_run", "RUN_DIR"),
     Flag("--mode", "sim.modes", "MODE[,MODE]"),
     Flag("--max-staleness", "sim.max_staleness", "S"),

@@ -138,7 +138,8 @@ class Resources(Section):
 
 class InProcessEngine(Section):
     """One engine in the run's own process, beside a trainer of one process. The built-in
-    engine at `engine.dtype = "float32"` runs the trainer's own model: no second copy of
+    engine sampling in float32 (`engine.dtype`: auto on a CPU) runs the trainer's own
+    model: no second copy of
     the weights, and the optimizer step, made under the engine's lock, is the sync. Any
     other (bfloat16, vLLM) keeps its own copy, refreshed after each step. A sharded
     trainer's weights are not in the run's process: it samples from spawned or served

@@ -35,6 +35,7 @@ from reinforge.errors import UsageError
 from reinforge.orchestrate.broadcast_weights import BroadcastPush
 from reinforge.orchestrate.config import BroadcastSync, SpawnedEngines
 from reinforge.orchestrate.weight_sync import EngineLinks, FilePush
+from reinforge.policy.backends import samples_on_gpu
 from reinforge.policy.config import ServerConfig
 
 START_S = 600.0
@@ -78,11 +79,11 @@ class EngineProcesses:
     ) -> None:
         self.ports = ports
         self.spawned = spawned
-        self.dtype = getattr(torch, config.engine.dtype)
         self.urls = [base_url("127.0.0.1", port) for port in ports]
         self.logs = logs
         self.token = secrets.token_urlsafe(32)
-        self.serve = engine_settings(config, self.token)
+        self.serve = engine_settings(config, self.token, samples_on_gpu(config.model))
+        self.dtype = getattr(torch, self.serve.engine.dtype)
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
 
     @classmethod
@@ -163,11 +164,13 @@ class EngineProcesses:
                     await asyncio.sleep(0.25)
 
 
-def engine_settings(config: Config, token: str) -> ServeConfig:
+def engine_settings(config: Config, token: str, gpu: bool) -> ServeConfig:
     """What each of a run's engines serves: the run's model, engine and sampling settings,
-    taking weights with `token`."""
+    taking weights with `token`. Its dtype is settled here, by whether the engines compute
+    on a GPU, so that the weights pushed to them are cast to what they sample in."""
     server = ServerConfig(weights_token=token, sampling=config.rollout.sampling)
-    return ServeConfig(model=config.model, engine=config.engine, server=server)
+    engine = config.engine.model_copy(update={"dtype": config.engine.dtype_on(gpu)})
+    return ServeConfig(model=config.model, engine=engine, server=server)
 
 
 def exited_early(index: int, code: int | None, log: Path, copy: Path | None = None) -> str:

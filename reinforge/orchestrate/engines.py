@@ -31,7 +31,7 @@ from reinforge.orchestrate.weight_sync import (
     Synced,
     WeightSync,
 )
-from reinforge.policy.backends import SamplingEngine, load_engine
+from reinforge.policy.backends import SamplingEngine, load_engine, samples_on_gpu
 from reinforge.policy.client import PolicyClient
 from reinforge.policy.engine import Engine
 from reinforge.policy.engine_thread import EngineStats
@@ -91,7 +91,8 @@ class LocalEngine:
     ) -> None:
         self.engine: SamplingEngine
         self.sync: WeightSync
-        shares_weights = config.model.engine == "builtin" and config.engine.dtype == "float32"
+        dtype = config.engine.dtype_on(samples_on_gpu(config.model))
+        shares_weights = config.model.engine == "builtin" and dtype == "float32"
         if shares_weights:
             shared = Engine(trainer.model, tokenizer, config.model.name, config.engine)
             shared.version = version

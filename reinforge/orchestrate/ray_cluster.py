@@ -302,13 +302,14 @@ class RayEngines:
         self.token = secrets.token_urlsafe(32)
         self.logs = config.run_dir / "engines"
         self.urls: list[str] = []
-        self._settings = settings_toml(engine_settings(config, self.token))
+        settings = engine_settings(config, self.token, gpu=spawned.resources.gpus > 0)
+        self._settings = settings_toml(settings)
         self._group, self._options = cluster.place(spawned.resources, spawned.count, "engines")
         self._actors: list[Any] = []
         self._ports: list[int | None] = [None] * spawned.count
         """Each engine's port once it has one: a restarted actor takes it again."""
         self._transport = spawned.weight_sync.kind
-        self._dtype = getattr(torch, config.engine.dtype)
+        self._dtype = getattr(torch, settings.engine.dtype)
         self._copies = LogCopies([self.log(i) for i in range(spawned.count)], self._now)
 
     @classmethod

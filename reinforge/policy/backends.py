@@ -57,6 +57,15 @@ class SamplingEngine(Protocol):
     def close(self) -> None: ...
 
 
+def samples_on_gpu(model: ModelConfig) -> bool:
+    """Whether this machine's engine of `model` computes on a GPU, which settles an
+    `engine.dtype` of auto: vLLM takes one whenever torch sees one, the built-in engine
+    takes the device `model.device` names."""
+    if model.engine == "vllm":
+        return torch.cuda.is_available()
+    return resolve_device(model.device).type == "cuda"
+
+
 def load_engine(model: ModelConfig, config: EngineConfig) -> SamplingEngine:
     if model.engine == "vllm":  # it places the model itself: `ModelConfig` takes auto only
         from reinforge.policy.vllm_engine import VllmEngine

@@ -59,10 +59,19 @@ class VllmConfig(Section):
     `engine.prefix_cache_mib` = 0 turns its prefix cache off."""
 
     kv_cache_mib: int = Field(1024, ge=64)
-    """Memory vLLM allocates up front for the KV states of running and cached sequences."""
+    """On a CPU: memory vLLM allocates up front for the KV states of running and cached
+    sequences. On a GPU vLLM sizes its cache from `gpu_memory_utilization` instead."""
+    gpu_memory_utilization: float = Field(0.45, gt=0.0, le=1.0)
+    """On a GPU: the share of its memory vLLM may take (weights, activations, then KV cache
+    in what is left). vLLM's own default, 0.9, is for a server alone; in a run the trainer
+    shares the GPU with its fp32 weights, gradients and AdamW state, so less than half."""
+    max_model_len: int | None = Field(None, ge=16)
+    """Longest sequence (prompt and completion) vLLM plans its cache for; None: the model's
+    own context. A shorter one leaves room for more rows on a small GPU."""
     compile: bool = False
-    """Compile the model at start-up (torch.compile and graphs): faster decoding for a
-    start-up about a minute longer on CPU. Off: eager mode."""
+    """Compile the model at start-up (torch.compile and CUDA graphs): faster decoding for
+    a start-up about a minute longer on CPU. Off: eager mode, which starts at once and
+    leaves a trainer on the same GPU the graphs' memory."""
 
 
 class AtOnce(Section):
@@ -98,11 +107,16 @@ AdmissionConfig = Annotated[
 (`reinforge/sim`) asks the same rule."""
 
 
+Dtype = Literal["float32", "bfloat16"]
+
+
 class EngineConfig(Section):
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Precision the engine samples in; a trainer keeps fp32 weights. bfloat16 samples
-    faster but from rounded weights, whose rounding noise outgrows small learning-rate
-    updates: on the main job it learned less (benchmarks/README.md)."""
+    dtype: Literal["auto"] | Dtype = "auto"
+    """Precision the engine samples in; a trainer keeps fp32 weights. auto: bfloat16 on a
+    GPU, whose tensor cores and memory bandwidth it halves the cost of, float32 on a CPU.
+    There bfloat16 samples faster too, but from rounded weights whose rounding noise
+    outgrows small learning-rate updates: on the main job it learned less
+    (benchmarks/README.md)."""
     max_batch: int = Field(64, ge=1)
     """Most sequences decoded together; more requests wait for a row to finish."""
     prefix_cache_mib: int = Field(1024, ge=0)
@@ -112,6 +126,12 @@ class EngineConfig(Section):
     """When new requests join a running batch (`admit = "at_once"` names a variant with
     its defaults)."""
     vllm: VllmConfig = Field(default_factory=VllmConfig)
+
+    def dtype_on(self, gpu: bool) -> Dtype:
+        """The dtype of an engine that computes on a GPU or not."""
+        if self.dtype == "auto":
+            return "bfloat16" if gpu else "float32"
+        return self.dtype
 
 
 class SamplingConfig(Section):

@@ -85,7 +85,7 @@ class Engine(EngineThread):
 
     @classmethod
     def from_spec(cls, spec: str, config: EngineConfig, device: torch.device) -> Engine:
-        model, tokenizer = load_model(spec, config.dtype)
+        model, tokenizer = load_model(spec, config.dtype_on(device.type == "cuda"))
         return cls(model.to(device), tokenizer, spec, config)
 
     # -- public API ---------------------------------------------------------------------

@@ -299,16 +299,28 @@ def _start_vllm(folder: str, config: EngineConfig) -> Any:
         from vllm import LLM
     except ImportError as error:
         raise UsageError(_INSTALL_HINT) from error
-    return LLM(
-        model=folder,
-        dtype=config.dtype,
-        seed=0,
-        enforce_eager=not config.vllm.compile,
-        logprobs_mode="processed_logprobs",
-        max_num_seqs=config.max_batch,
-        enable_prefix_caching=config.prefix_cache_mib > 0,
-        kv_cache_memory_bytes=config.vllm.kv_cache_mib << 20,
+    return LLM(**vllm_args(folder, config, gpu=torch.cuda.is_available()))
+
+
+def vllm_args(folder: str, config: EngineConfig, gpu: bool) -> dict[str, Any]:
+    """vLLM's arguments for the engine's settings: its memory is a share of a GPU, or a
+    fixed size of a CPU's."""
+    memory: dict[str, Any] = (
+        {"gpu_memory_utilization": config.vllm.gpu_memory_utilization}
+        if gpu
+        else {"kv_cache_memory_bytes": config.vllm.kv_cache_mib << 20}
     )
+    return {
+        "model": folder,
+        "dtype": config.dtype_on(gpu),
+        "seed": 0,
+        "enforce_eager": not config.vllm.compile,
+        "logprobs_mode": "processed_logprobs",
+        "max_num_seqs": config.max_batch,
+        "max_model_len": config.vllm.max_model_len,
+        "enable_prefix_caching": config.prefix_cache_mib > 0,
+        **memory,
+    }
 
 
 def _repack_kernel_copies(model: torch.nn.Module) -> None:

@@ -23,7 +23,7 @@ import torch
 from transformers import PreTrainedModel
 
 from reinforge.orchestrate.engines import LocalEngine, train_and_sync
-from reinforge.policy.backends import SamplingEngine
+from reinforge.policy.backends import SamplingEngine, samples_on_gpu
 from reinforge.policy.engine_thread import Sampled
 from reinforge.policy.models import load_model
 from reinforge.policy.sampling import SamplingParams
@@ -73,7 +73,7 @@ async def _calibrate(config: SimConfig, say: Say) -> Profile:
     return Profile(
         model=config.model.name,
         engine=config.model.engine,
-        dtype=config.engine.dtype,
+        dtype=config.engine.dtype_on(samples_on_gpu(config.model)),
         threads=torch.get_num_threads(),
         decode=decode,
         prefill=prefill,

@@ -76,10 +76,12 @@ def load_workload(config: SimConfig) -> Workload:
 
 def check_profile(profile: Profile, config: SimConfig) -> None:
     """Refuse a profile of another model, engine or dtype than the config's: its timings
-    would predict another run than the one asked about, and nothing would say so."""
+    would predict another run than the one asked about, and nothing would say so. A dtype
+    of auto is what the profile's machine settled it to."""
     flags = ("--model", "--engine", "--dtype")
     measured = (profile.model, profile.engine, profile.dtype)
-    configured = (config.model.name, config.model.engine, config.engine.dtype)
+    dtype = profile.dtype if config.engine.dtype == "auto" else config.engine.dtype
+    configured = (config.model.name, config.model.engine, dtype)
     if measured == configured:
         return
     pairs = zip(flags, measured, configured, strict=True)
