@@ -1,27 +1,40 @@
 """The built-in engine's memory: an out-of-memory fails the request that caused it while the
-others run on, with the tokens they would have had without it.
+others run on, with the tokens they would have had without it; requests join the batch
+while its KV cache stays within a budget, a fraction of the memory free at start.
 
-The failures are real `torch.OutOfMemoryError`s, raised by a hook in the model's forward
-only when the batch holds a given request; each test has its own engine (no prefix cache,
-so that a run and its repeat compute the same states the same way)."""
+The out-of-memory failures are real `torch.OutOfMemoryError`s, raised by a hook in the
+model's forward only when the batch holds a given request; each test has its own engine
+(no prefix cache, so that a run and its repeat compute the same states the same way)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from reinforge.config import ServeConfig, load_config
+from reinforge.policy.backends import load_engine
 from reinforge.policy.config import EngineConfig
 from reinforge.policy.engine import Engine
 from reinforge.policy.engine_thread import Completion, Sampled
-from reinforge.policy.memory import OutOfMemory, is_out_of_memory
+from reinforge.policy.memory import (
+    OutOfMemory,
+    cgroup_memory_left,
+    free_memory,
+    is_out_of_memory,
+    kv_budget,
+    kv_token_bytes,
+)
 from reinforge.policy.models import load_model
 from reinforge.policy.sampling import SamplingParams
 
 from .conftest import EngineUnderTest
+
+MIB = 2**20
 
 MARKER = 777
 """A token id only the prompt of the request that runs out of memory holds."""
@@ -36,6 +49,17 @@ def sampling(max_tokens: int, seed: int) -> SamplingParams:
 def engine() -> Iterator[Engine]:
     model, tokenizer = load_model("tiny-random")
     engine = Engine(model, tokenizer, "tiny-random", EngineConfig(prefix_cache_mib=0))
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def small_engine() -> Iterator[Engine]:
+    """An engine whose KV budget holds 100 tokens' states: the two `PROMPTS` (36 and 31
+    tokens at most) fit together, a third of 64 does not, one of 114 never does."""
+    model, tokenizer = load_model("tiny-random")
+    budget = 100 * kv_token_bytes(model.config, model.dtype)
+    engine = Engine(model, tokenizer, "tiny-random", EngineConfig(prefix_cache_mib=0), budget)
     yield engine
     engine.close()
 
@@ -142,3 +166,107 @@ def test_a_failed_cpu_allocation_is_an_out_of_memory():
     assert is_out_of_memory(failed.value)
     assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory"))
     assert not is_out_of_memory(RuntimeError("shapes do not match"))
+
+
+def test_a_request_too_long_for_the_budget_fails_alone(small_engine: Engine):
+    expected = alone(small_engine)
+    prefilled = small_engine.stats.requests
+    futures = [small_engine.submit(p, sampling(24, seed=i)) for i, p in enumerate(PROMPTS)]
+    long = small_engine.submit(list(range(100, 190)), sampling(24, seed=3))
+    with pytest.raises(OutOfMemory) as refused:
+        long.result(timeout=120)
+    message = str(refused.value)
+    assert "the KV states of 114 tokens (a prompt of 90 and max_tokens 24)" in message
+    assert "KV budget of 50.0 KiB (engine.kv_memory_fraction" in message
+    assert "\n" not in message
+    assert [f.result(timeout=120).token_ids for f in futures] == expected
+    assert small_engine.stats.requests == prefilled + 2  # the long one was never prefilled
+
+
+def test_a_request_that_does_not_fit_now_waits_for_rows_to_leave(small_engine: Engine):
+    # 3 rows of up to 64 tokens would pass the budget: the newcomer joins once the two
+    # running rows have left. Without the budget it would join within a few steps.
+    newcomer = list(range(200, 240))
+    expected = small_engine.submit(newcomer, sampling(24, seed=9)).result(timeout=120)
+    running: list[Future[Completion]] = []
+    at_first_token: list[list[bool]] = []
+    later: list[Future[Completion]] = []
+
+    def note(step: Sampled) -> None:  # on the newcomer's first token: are the others done?
+        if not at_first_token:
+            at_first_token.append([f.done() for f in running])
+
+    def submit_newcomer(step: Sampled) -> None:
+        if not later:
+            later.append(small_engine.submit(newcomer, sampling(24, seed=9), note))
+
+    for i, prompt in enumerate(PROMPTS):
+        running.append(small_engine.submit(prompt, sampling(24, seed=i), submit_newcomer))
+    assert all(len(f.result(timeout=120).token_ids) == 24 for f in running)
+    assert later[0].result(timeout=120).token_ids == expected.token_ids
+    assert at_first_token == [[True, True]]
+
+
+def plant_memory_limit(root: Path, limit: int, usage: int) -> None:
+    """Memory limit and usage files where this process's own cgroup lines point, under
+    `root`, for either cgroup version."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        hierarchy, controllers, path = line.split(":", 2)
+        if hierarchy == "0":
+            folder, names = root / path.lstrip("/"), ("memory.max", "memory.current")
+        elif "memory" in controllers.split(","):
+            folder = root / controllers / path.lstrip("/")
+            names = ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        else:
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, value in zip(names, (limit, usage), strict=True):
+            (folder / name).write_text(f"{value}\n")
+
+
+def mem_available() -> int:
+    line = next(x for x in Path("/proc/meminfo").read_text().splitlines() if "MemAvailable" in x)
+    return int(line.split()[1]) * 1024
+
+
+def test_the_budget_on_the_cpu_is_the_fraction_of_the_memory_available(tmp_path):
+    cpu = torch.device("cpu")
+    plant_memory_limit(tmp_path, 1024 * MIB, 256 * MIB)  # a cgroup with 768 MiB left
+    assert cgroup_memory_left(tmp_path) == 768 * MIB
+    assert free_memory(cpu, tmp_path) == 768 * MIB
+    assert kv_budget(cpu, 0.25, tmp_path) == 192 * MIB
+    unlimited = tmp_path / "unlimited"  # v1 says "no limit" with a huge number
+    plant_memory_limit(unlimited, 2**63 - 4096, 256 * MIB)
+    before = mem_available()
+    budget = kv_budget(cpu, 0.5, unlimited)
+    after = mem_available()
+    assert 0.5 * min(before, after) - 1 <= budget <= 0.5 * max(before, after)
+    assert cgroup_memory_left(tmp_path / "absent") is None
+
+
+def test_kv_bytes_per_token_come_from_the_model_config():
+    model, _ = load_model("tiny-random")  # 2 layers, 1 KV head of 32
+    assert kv_token_bytes(model.config, torch.float32) == 2 * 2 * 1 * 32 * 4
+    assert kv_token_bytes(model.config, torch.bfloat16) == 2 * 2 * 1 * 32 * 2
+
+
+def test_the_fraction_key_refuses_a_request_too_long_for_it():
+    # A fraction of the free memory that holds about 200 tokens' states of tiny-random: a
+    # request of 36 runs, one of 1024 is refused, however the free memory moves meanwhile.
+    model, _ = load_model("tiny-random")
+    fraction = 200 * kv_token_bytes(model.config, model.dtype) / free_memory(torch.device("cpu"))
+    overrides = ["model.name=tiny-random", "model.device=cpu"]
+    config = load_config(
+        ServeConfig, None, [*overrides, f"engine.kv_memory_fraction={fraction:.3e}"]
+    )
+    engine = load_engine(config.model, config.engine)
+    try:
+        assert isinstance(engine, Engine)
+        assert 100 * 512 < engine.kv_budget.max_bytes < 400 * 512
+        short = engine.submit(PROMPTS[0], sampling(24, seed=0))
+        long = engine.submit(list(range(1000)), sampling(24, seed=0))
+        with pytest.raises(OutOfMemory, match=r"1024 tokens .*\(engine.kv_memory_fraction"):
+            long.result(timeout=120)
+        assert len(short.result(timeout=120).token_ids) == 24
+    finally:
+        engine.close()

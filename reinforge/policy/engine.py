@@ -14,7 +14,8 @@ every sampled token comes wholly from the policy version it records.
 
 The engine computes on its model's device (`model.device`): its KV cache, prefix cache
 and the batch's tensors live there, and each step's tokens and log-probs come back to the
-host as Python numbers.
+host as Python numbers. Requests join the batch while its KV cache stays within a budget,
+and an out-of-memory fails the request that caused it, not the batch (`memory.py`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,14 @@ from reinforge.policy.engine_thread import (
     take_requests,
 )
 from reinforge.policy.kv_cache import cache_keyword, roomy_cache
-from reinforge.policy.memory import did_not_fit, is_out_of_memory, release_cached
+from reinforge.policy.memory import (
+    KvBudget,
+    did_not_fit,
+    is_out_of_memory,
+    kv_budget,
+    kv_token_bytes,
+    release_cached,
+)
 from reinforge.policy.models import load_model
 from reinforge.policy.prefix_cache import PrefixCache
 from reinforge.policy.repetition import tail_loop
@@ -69,7 +77,10 @@ class Engine(EngineThread):
         tokenizer: PreTrainedTokenizerBase,
         name: str,
         config: EngineConfig,
+        kv_budget_bytes: int | None = None,
     ) -> None:
+        """`kv_budget_bytes` bounds the running batch's KV cache; None: the config's
+        `kv_memory_fraction` of the memory free on the model's device now."""
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
@@ -81,6 +92,10 @@ class Engine(EngineThread):
         self._decode_step = decode_step(model)
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._prefixes = PrefixCache(config.prefix_cache_mib << 20)
+        if kv_budget_bytes is None:
+            kv_budget_bytes = kv_budget(self.device, config.kv_memory_fraction)
+        token_bytes = kv_token_bytes(model.config, model.dtype)
+        self.kv_budget = KvBudget(kv_budget_bytes, token_bytes, self.max_context)
         super().__init__()
         self._start("reinforge-engine")
 
@@ -166,10 +181,13 @@ class Engine(EngineThread):
             if not open_:
                 fail_requests([*batch.requests, *waiting], RuntimeError("engine closed"))
                 return
+            waiting = self.kv_budget.fail_oversized(waiting)
             room = self.config.max_batch - len(batch.requests)
             arrivals: list[_Request] = []
             if self.config.admit.admits(len(waiting), room, len(batch.requests), waited_steps):
-                arrivals, waiting = waiting[:room], waiting[room:]
+                taken = self.kv_budget.admissible(batch.requests, waiting[:room])
+                arrivals, waiting = waiting[:taken], waiting[taken:]
+            if arrivals:
                 waited_steps = 0
             elif waiting:
                 waited_steps += 1
