@@ -206,7 +206,7 @@ class Engine(EngineThread):
                         self._decode(batch)
                         self.stats.decode_s += time.perf_counter() - decoding
                 self.stats.busy_s += time.perf_counter() - started
-            except Exception as error:  # a failed step fails its requests, not the engine
+            except Exception as error:  # fails the step's requests (an out-of-memory, fewer)
                 fail_requests([*batch.requests, *arrivals], error)
                 batch = Batch()
 
