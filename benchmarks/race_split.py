@@ -45,7 +45,8 @@ DTYPES = ("float32", "bfloat16")
 REQUESTS = 32
 MAX_TOKENS = 48
 ACCEPT = ("accept other", "sample", "retire")
-"""The parts of `Engine._accept`, which both `_prefill` and `_decode` call."""
+"""The parts of taking a step's tokens (sampling them, then `Engine._accept`), which both
+`_prefill` and `_decode` do."""
 PARTS = ("step", "prefill", "prefill other", *ACCEPT, "decode other", "loop other")
 
 

@@ -212,7 +212,7 @@ UNREAD: dict[str, dict[str, str | None]] = {
         "trainer.collective_timeout_s": _SHARDED_ONLY,
     },
     "any command, the built-in engine": {"engine.vllm": _BUILTIN_ENGINE},
-    "any command, vLLM": {"engine.admit": _VLLM_ENGINE},
+    "any command, vLLM": {"engine.admit": _VLLM_ENGINE, "engine.kv_memory_fraction": _VLLM_ENGINE},
     "sim calibrate": {
         "": "not read by sim calibrate",
         "model": None,

@@ -103,3 +103,31 @@ def test_rows_kept_from_states_set_outside_are_selected_by_copy() -> None:
     assert torch.equal(merged, torch.arange(24, dtype=torch.float32).view(3, 1, 4, 2))  # untouched
     keys, _ = layer.update(torch.ones(2, 1, 1, 2), torch.ones(2, 1, 1, 2))
     assert torch.equal(keys, torch.cat([merged[[0, 2], :, 1:], torch.ones(2, 1, 1, 2)], dim=2))
+
+
+def test_the_last_rows_of_states_set_outside_are_kept_as_views() -> None:
+    """Dropping the last row (the engine's answer to an out-of-memory) allocates nothing."""
+    layer = RoomyLayer()
+    merged = torch.arange(3 * 4 * 2, dtype=torch.float32).view(3, 1, 4, 2)  # as a merge sets
+    layer.keys, layer.values = merged, merged.clone()
+    layer.keep(torch.tensor([0, 1]), first_moved=2, start=1)
+    assert torch.equal(layer.keys, merged[:2, :, 1:])
+    assert layer.keys.untyped_storage().data_ptr() == merged.untyped_storage().data_ptr()
+
+
+def test_a_cut_undoes_a_failed_steps_appends_and_keeps_the_room() -> None:
+    layer = RoomyLayer()
+    states = torch.randn(2, 1, 3, 2)
+    layer.update(states, states.neg())
+    storage = layer.keys.untyped_storage().data_ptr()
+    layer.update(torch.ones(2, 1, 1, 2), torch.ones(2, 1, 1, 2))  # a step that then failed
+    layer.cut(3)
+    assert torch.equal(layer.keys, states) and torch.equal(layer.values, states.neg())
+    new = torch.full((2, 1, 1, 2), 2.0)
+    keys, values = layer.update(new, new)  # the step again: in place, in the same room
+    assert keys.untyped_storage().data_ptr() == storage
+    assert torch.equal(keys, torch.cat([states, new], dim=2))
+    assert torch.equal(values, torch.cat([states.neg(), new], dim=2))
+    layer.keys = layer.keys.clone()  # set from outside: the cut is a view of it
+    layer.cut(2)
+    assert torch.equal(layer.keys, states[:, :, :2]) and layer.values.shape[-2] == 2

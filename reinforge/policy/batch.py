@@ -36,11 +36,29 @@ class Batch(Generic[Row]):
             self.requests, self.cache, self.mask = list(arrivals), cache, mask
             return
         width = max(self.mask.shape[1], mask.shape[1])
-        for old, new in zip(self.cache.layers, cache.layers, strict=True):
-            old.keys = torch.cat([_left_pad(old.keys, width), _left_pad(new.keys, width)])
-            old.values = torch.cat([_left_pad(old.values, width), _left_pad(new.values, width)])
-        self.mask = torch.cat([_left_pad_mask(self.mask, width), _left_pad_mask(mask, width)])
+        # Every layer is joined before any is replaced: if memory runs out on the way, the
+        # batch is as it was. (The old states stay held by their rooms until the next
+        # decode step either way, so this holds no more at once than joining layer by layer.)
+        joined = [
+            (
+                torch.cat([_left_pad(old.keys, width), _left_pad(new.keys, width)]),
+                torch.cat([_left_pad(old.values, width), _left_pad(new.values, width)]),
+            )
+            for old, new in zip(self.cache.layers, cache.layers, strict=True)
+        ]
+        mask = torch.cat([_left_pad_mask(self.mask, width), _left_pad_mask(mask, width)])
+        for layer, (keys, values) in zip(self.cache.layers, joined, strict=True):
+            layer.keys, layer.values = keys, values
+        self.mask = mask
         self.requests.extend(arrivals)
+
+    def cut(self, width: int) -> None:
+        """Drop the cache's columns past `width` that a decode step appended before it
+        failed (the mask was not widened yet), so that the step can run again."""
+        assert self.cache is not None
+        for layer in self.cache.layers:
+            assert isinstance(layer, RoomyLayer)  # every cache here is a `roomy_cache`
+            layer.cut(width)
 
     def retire(self, rows: list[int]) -> None:
         if not rows:

@@ -122,6 +122,16 @@ class EngineConfig(Section):
     prefix_cache_mib: int = Field(1024, ge=0)
     """Memory for the KV states of finished sequences, so a conversation's next turn
     computes only its new tokens. 0 turns the cache off."""
+    kv_memory_fraction: float = Field(0.5, gt=0.0, le=1.0)
+    """Share of the memory free when the built-in engine starts, its weights loaded, that
+    the KV cache of its running batch may take: the GPU's free memory on CUDA, the memory
+    available to the process on the CPU (its cgroup's limit counted). A request joins the
+    batch while the batch's rows times its longest final length (prompt plus max_tokens)
+    fit, else waits for rows to leave; one that cannot fit even alone fails at once. Half
+    leaves the rest to a trainer that shares the device (its gradients, optimizer states
+    and activations come later), the prefix cache and the steps' temporaries. It binds
+    rarely: SmolLM2-135M in float32 keeps 45 KiB per token, so 64 rows of 2k tokens take
+    5.6 GiB of the ~9.5 GiB it allows on a 24 GiB machine."""
     admit: AdmissionConfig = Field(default_factory=Grouped)
     """When new requests join a running batch (`admit = "at_once"` names a variant with
     its defaults)."""

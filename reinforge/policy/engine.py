@@ -14,7 +14,8 @@ every sampled token comes wholly from the policy version it records.
 
 The engine computes on its model's device (`model.device`): its KV cache, prefix cache
 and the batch's tensors live there, and each step's tokens and log-probs come back to the
-host as Python numbers.
+host as Python numbers. Requests join the batch while its KV cache stays within a budget,
+and an out-of-memory fails the request that caused it, not the batch (`memory.py`).
 """
 
 from __future__ import annotations
@@ -41,10 +42,18 @@ from reinforge.policy.engine_thread import (
     take_requests,
 )
 from reinforge.policy.kv_cache import cache_keyword, roomy_cache
+from reinforge.policy.memory import (
+    KvBudget,
+    did_not_fit,
+    is_out_of_memory,
+    kv_budget,
+    kv_token_bytes,
+    release_cached,
+)
 from reinforge.policy.models import load_model
 from reinforge.policy.prefix_cache import PrefixCache
 from reinforge.policy.repetition import tail_loop
-from reinforge.policy.sampling import RowSampler, sample
+from reinforge.policy.sampling import Draws, RowSampler, sample
 from reinforge.policy.scoring import PromptLogprobs, forward_logprobs
 
 
@@ -68,7 +77,10 @@ class Engine(EngineThread):
         tokenizer: PreTrainedTokenizerBase,
         name: str,
         config: EngineConfig,
+        kv_budget_bytes: int | None = None,
     ) -> None:
+        """`kv_budget_bytes` bounds the running batch's KV cache; None: the config's
+        `kv_memory_fraction` of the memory free on the model's device now."""
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
@@ -80,6 +92,10 @@ class Engine(EngineThread):
         self._decode_step = decode_step(model)
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self._prefixes = PrefixCache(config.prefix_cache_mib << 20)
+        if kv_budget_bytes is None:
+            kv_budget_bytes = kv_budget(self.device, config.kv_memory_fraction)
+        token_bytes = kv_token_bytes(model.config, model.dtype)
+        self.kv_budget = KvBudget(kv_budget_bytes, token_bytes, self.max_context)
         super().__init__()
         self._start("reinforge-engine")
 
@@ -165,10 +181,13 @@ class Engine(EngineThread):
             if not open_:
                 fail_requests([*batch.requests, *waiting], RuntimeError("engine closed"))
                 return
+            waiting = self.kv_budget.fail_oversized(waiting)
             room = self.config.max_batch - len(batch.requests)
             arrivals: list[_Request] = []
             if self.config.admit.admits(len(waiting), room, len(batch.requests), waited_steps):
-                arrivals, waiting = waiting[:room], waiting[room:]
+                taken = self.kv_budget.admissible(batch.requests, waiting[:room])
+                arrivals, waiting = waiting[:taken], waiting[taken:]
+            if arrivals:
                 waited_steps = 0
             elif waiting:
                 waited_steps += 1
@@ -187,7 +206,7 @@ class Engine(EngineThread):
                         self._decode(batch)
                         self.stats.decode_s += time.perf_counter() - decoding
                 self.stats.busy_s += time.perf_counter() - started
-            except Exception as error:  # a failed step fails its requests, not the engine
+            except Exception as error:  # fails the step's requests (an out-of-memory, fewer)
                 fail_requests([*batch.requests, *arrivals], error)
                 batch = Batch()
 
@@ -197,6 +216,9 @@ class Engine(EngineThread):
         Identical prompts (the k rollouts of one task, or `n` > 1) are computed once.
         Each prompt's longest cached prefix is reused: only the rest is computed, so a
         multi-turn episode pays for its new tokens, not for the conversation again.
+
+        If memory runs out, the arrivals fail and the running batch is as it was: nothing
+        changes it before the merge, which joins every layer or none.
         """
         unique: dict[tuple[int, ...], int] = {}
         source = [unique.setdefault(tuple(r.prompt_ids), len(unique)) for r in arrivals]
@@ -204,17 +226,27 @@ class Engine(EngineThread):
         hits = [self._prefixes.lookup(list(p)) for p in prompts]
         cached = [hit.length if hit else 0 for hit in hits]
         new = [p[c:] for p, c in zip(prompts, cached, strict=True)]
-        ids, mask = layout(new, cached, self._pad_id, self.device)  # (U, N), (U, C+N)
-        cache = cache_with_prefixes(hits, max(cached))
-        logits = self._forward_new(ids, mask, cache)  # (U, V)
+        try:
+            ids, mask = layout(new, cached, self._pad_id, self.device)  # (U, N), (U, C+N)
+            cache = cache_with_prefixes(hits, max(cached))
+            logits = self._forward_new(ids, mask, cache)  # (U, V)
+            rows = torch.tensor(source, device=self.device)  # (A,): each arrival's prompt
+            draws = sample(logits.index_select(0, rows), [r.sampler for r in arrivals])
+            if len(prompts) < len(arrivals):
+                cache.batch_select_indices(rows)
+            batch.merge(arrivals, cache, mask.index_select(0, rows))
+        except Exception as error:
+            if not is_out_of_memory(error):
+                raise
+            release_cached(self.device)
+            longest = max(len(r.prompt_ids) for r in arrivals)
+            what = f"prefilling {len(arrivals)} new request(s) of up to {longest} tokens"
+            fail_requests(arrivals, did_not_fit(f"{what} ran out; the running ones go on", error))
+            return
         self.stats.prefill_tokens += sum(len(n) for n in new)
         self.stats.cached_tokens += sum(cached)
         self.stats.requests += len(arrivals)
-        rows = torch.tensor(source, device=self.device)  # (A,): each arrival's unique prompt
-        if len(prompts) < len(arrivals):
-            cache.batch_select_indices(rows)
-        batch.merge(arrivals, cache, mask.index_select(0, rows))
-        self._accept(batch, logits.index_select(0, rows), len(batch.requests) - len(arrivals))
+        self._accept(batch, draws, len(batch.requests) - len(arrivals))
 
     def _recompute(self, batch: Batch[_Request]) -> None:
         """Replace the running rows' KV cache with one computed under the current weights.
@@ -246,24 +278,43 @@ class Engine(EngineThread):
         ).logits[:, -1]
 
     def _decode(self, batch: Batch[_Request]) -> None:
-        """One token for every running row (those prefilled in this iteration included)."""
-        if not batch.requests:
-            return
-        last = [r.completion.token_ids[-1] for r in batch.requests]
-        new_column = torch.ones((len(last), 1), dtype=torch.long, device=self.device)  # (B, 1)
-        batch.mask = torch.cat([batch.mask, new_column], dim=1)  # (B, L+1)
-        positions = batch.mask.sum(dim=1, keepdim=True) - 1  # (B, 1)
-        ids = torch.tensor(last, device=self.device)  # (B,)
-        assert batch.cache is not None
-        logits = self._decode_step(ids, batch.mask, positions, batch.cache)  # (B, V)
-        self.stats.decode_steps += 1
-        self._accept(batch, logits, first_new_row=0)
+        """One token for every running row (those prefilled in this iteration included).
 
-    def _accept(self, batch: Batch[_Request], logits: torch.Tensor, first_new_row: int) -> None:
-        """Sample for the rows from `first_new_row` on (one logits row each), record the
-        tokens and retire the rows that finished."""
+        If memory runs out, the row admitted last fails and leaves the batch: rows join at
+        the bottom, so it is the newcomer whose admission tipped the batch over. The step
+        then runs again for the others, on the cache as it was before the failed step.
+        """
+        while batch.requests:
+            width = batch.mask.shape[1]
+            try:
+                last = [r.completion.token_ids[-1] for r in batch.requests]
+                new_column = torch.ones((len(last), 1), dtype=torch.long, device=self.device)
+                mask = torch.cat([batch.mask, new_column], dim=1)  # (B, L+1)
+                positions = mask.sum(dim=1, keepdim=True) - 1  # (B, 1)
+                ids = torch.tensor(last, device=self.device)  # (B,)
+                assert batch.cache is not None
+                logits = self._decode_step(ids, mask, positions, batch.cache)  # (B, V)
+                draws = sample(logits, [r.sampler for r in batch.requests])
+            except Exception as error:
+                if not is_out_of_memory(error):
+                    raise
+                batch.cut(width)
+                release_cached(self.device)
+                newest = batch.requests[-1]
+                batch.retire([len(batch.requests) - 1])  # the last row leaves: views, no copy
+                what = f"a decode step of {len(batch.requests) + 1} rows ran out"
+                fail_requests([newest], did_not_fit(f"{what}; it came last, so it left", error))
+                continue
+            batch.mask = mask
+            self.stats.decode_steps += 1
+            self._accept(batch, draws, first_new_row=0)
+            return
+
+    def _accept(self, batch: Batch[_Request], draws: Draws, first_new_row: int) -> None:
+        """Record the tokens drawn for the rows from `first_new_row` on and retire the rows
+        that finished."""
         rows = batch.requests[first_new_row:]
-        tokens, logprobs, tops = sample(logits, [r.sampler for r in rows])
+        tokens, logprobs, tops = draws
         finished: list[int] = []
         for offset, (request, token, logprob, top) in enumerate(
             zip(rows, tokens.tolist(), logprobs.tolist(), tops, strict=True)

@@ -66,20 +66,31 @@ class RoomyLayer(DynamicLayer):
         at batch 32 a cut by copy cost a whole cache twice, once to select and again to
         make room at the next update. States set from outside are selected by copy.
         """
+        rows = len(index)
         if not self._owns_views():
-            self.keys = self.keys.index_select(0, index)[:, :, start:]
-            self.values = self.values.index_select(0, index)[:, :, start:]
+            if first_moved >= rows:  # the first rows stay where they are: views, no copy
+                self.keys, self.values = self.keys[:rows, :, start:], self.values[:rows, :, start:]
+            else:
+                self.keys = self.keys.index_select(0, index)[:, :, start:]
+                self.values = self.values.index_select(0, index)[:, :, start:]
             return
         assert self._key_room is not None and self._value_room is not None
         end = self._start + self.keys.shape[-2]
         self._start += start
-        rows = len(index)
         if first_moved < rows:
             sources = index[first_moved:]
             for room in (self._key_room, self._value_room):
                 window = room[:, :, self._start : end]
                 window[first_moved:rows] = window.index_select(0, sources)
         self._view(rows, end)
+
+    def cut(self, length: int) -> None:
+        """Drop the columns past `length` that a step appended before it failed, so that
+        the step can run again; the room stays the layer's."""
+        if self._owns_views():
+            self._view(self.keys.shape[0], self._start + min(length, self.keys.shape[-2]))
+        else:
+            self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
 
     def _owns_views(self) -> bool:
         """Whether `keys` and `values` are still the views of the room that this layer set."""

@@ -34,6 +34,8 @@ class SamplingParams:
 
 TopLogprobs = list[tuple[int, float]]
 """The most likely tokens at one position, (token id, log-prob), most likely first."""
+Draws = tuple[torch.Tensor, torch.Tensor, list[TopLogprobs | None]]
+"""What `sample` drew: tokens (B,), their log-probs (B,), each row's alternatives."""
 
 
 @dataclass
@@ -54,9 +56,7 @@ class RowSampler:
             self.generator.manual_seed(self.params.seed)
 
 
-def sample(
-    logits: torch.Tensor, rows: list[RowSampler]
-) -> tuple[torch.Tensor, torch.Tensor, list[TopLogprobs | None]]:
+def sample(logits: torch.Tensor, rows: list[RowSampler]) -> Draws:
     """Draw one token per row. logits: (B, V) -> tokens (B,), logprobs (B,) in float32,
     and each row's most likely tokens (None for a row that asks for none).
 
