@@ -20,6 +20,10 @@ world size 1 (gloo on the CPU, NCCL on CUDA) does the same and starts from the o
 trainer's loss; and a float32 engine sampling the trainer's own weights on the same device
 samples the stepped weights, token-exact, once the step is pushed.
 
+Last, the engine a run builds on the device with nothing set: it samples in bfloat16 on
+CUDA and float32 on the CPU, its KV budget is its share of the memory free, and with a
+budget too small for one long request that request fails alone while the others finish.
+
 `--random-weights FOLDER` builds the model from FOLDER's config and tokenizer with seeded
 random weights (what `gpu_check.sh` does: the GPU machine has no trained weights); none of
 the checks needs trained ones. `--quick` does less of each (a CPU rehearsal).
@@ -61,6 +65,7 @@ try:  # the machine may lack one of reinforge's dependencies (gpu_check.sh insta
     from reinforge.policy.config import EngineConfig, ModelConfig
     from reinforge.policy.engine import Engine
     from reinforge.policy.engine_thread import Completion
+    from reinforge.policy.memory import OutOfMemory, free_memory
     from reinforge.policy.models import (
         cache_dir,
         load_tokenizer,
@@ -244,6 +249,7 @@ def run_checks(model: ModelConfig, sizes: Sizes) -> dict[str, dict[str, Any]]:
         del trainer
     checks["fsdp2 world size 1"] = fsdp_check(model, sizes, first_losses["float32"])
     checks["engine and trainer share the device"] = shared_check(model, sizes)
+    checks["engine defaults"] = defaults_check(model, sizes)
     return checks
 
 
@@ -500,6 +506,50 @@ def shared_check(model: ModelConfig, sizes: Sizes) -> dict[str, Any]:
         return result
     finally:
         engine.close()
+
+
+def defaults_check(
+    model: ModelConfig, sizes: Sizes, config: EngineConfig | None = None
+) -> dict[str, Any]:
+    """The engine of a config that sets nothing (`config` builds another, to show the
+    check fails on it): its dtype for the device, its KV budget a share of the memory
+    free; then, on a budget that holds the short prompts but not a long one, the long
+    request fails alone and the short ones finish."""
+    device = resolve_device(model.device)
+    config = config or EngineConfig()
+    engine = Engine.from_spec(model.name, config, device)
+    free = free_memory(device)
+    engine.close()
+    dtype, wanted = dtype_name(engine), EngineConfig().dtype_on(device.type == "cuda")
+    budget = engine.kv_budget.max_bytes
+    share = budget / free if free else math.nan
+    chat = ChatFormat(engine.tokenizer)
+    short = [chat.prompt_ids([{"role": "user", "content": p}]) for p in PROMPTS]
+    fits = max(len(p) for p in short) + sizes.sampled_tokens
+    small = engine.kv_budget.token_bytes * fits * len(short)  # the short ones, together
+    long = list(range(3, 3 + fits * len(short)))  # more than that, with its own tokens
+    tight = Engine(engine.model, engine.tokenizer, model.name, config, kv_budget_bytes=small)
+    try:
+        params = SamplingParams(sizes.sampled_tokens, 1.0, 1.0, False, seed=0)
+        futures = [tight.submit(p, params) for p in [*short[:2], long, *short[2:]]]
+        outcomes = [future.exception() or future.result() for future in futures]
+    finally:
+        tight.close()
+    failed = [i for i, outcome in enumerate(outcomes) if isinstance(outcome, BaseException)]
+    alone = failed == [2] and isinstance(outcomes[2], OutOfMemory)
+    # the budget is taken after the weights load; the free memory read after it can only
+    # be as large when nothing else took memory meanwhile: allow a tenth either way
+    fraction = config.kv_memory_fraction
+    return {
+        "passed": dtype == wanted and 0 < share <= fraction * 1.1 and alone,
+        "dtype": dtype,
+        "dtype_wanted": wanted,
+        "kv_budget_mib": round(budget / 2**20),
+        "kv_budget_share_of_free": round(share, 3),
+        "kv_memory_fraction": fraction,
+        "long_request_failed_alone": alone,
+        "long_request_error": str(outcomes[2]) if 2 in failed else None,
+    }
 
 
 def synthetic_batch(vocab: int, sizes: Sizes) -> TrainBatch:

@@ -106,3 +106,12 @@ def test_train_check_fails_when_the_loss_climbs(
     assert gpu_check.report({"checks": {"train float32": falling}}, out) == 0
     assert gpu_check.report({"checks": {"train float32": climbing}}, out) == 1
     assert "FAIL train float32: first_loss=" in capsys.readouterr().out
+
+
+def test_the_defaults_check_passes_on_the_defaults_and_fails_on_another_dtype():
+    defaults = gpu_check.defaults_check(MODEL, TINY)
+    assert defaults["passed"], defaults
+    assert defaults["dtype"] == "float32" and defaults["long_request_failed_alone"]
+    assert "engine.kv_memory_fraction" in defaults["long_request_error"]
+    told = gpu_check.defaults_check(MODEL, TINY, EngineConfig(dtype="bfloat16"))
+    assert told["dtype"] == "bfloat16" and not told["passed"]  # not what a CPU defaults to
