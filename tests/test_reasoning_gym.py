@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from reinforge.envs.ecosystem.reasoning_gym_env import dataset_seed
 from reinforge.envs.ecosystem.reasoning_gym_env import load_environment as load_dataset
 from reinforge.envs.registry import load_environment
 from reinforge.errors import UsageError
@@ -39,6 +40,12 @@ def test_tasks_are_the_datasets_drawn_with_the_seed():
     assert tasks == env.tasks(5, seed=3) and tasks != env.tasks(5, seed=4)
     assert [t.id for t in tasks] == [f"leg_counting-3-{i}" for i in range(5)]
     assert env.tasks(0, seed=3) == []
+    # reasoning-gym draws entry i from its seed + i: seeds one apart must not share entries
+    words = load_dataset("spell_backward")
+    first, second = words.tasks(10, seed=0), words.tasks(10, seed=1)
+    questions = {t.prompt[0]["content"] for t in first}
+    assert questions.isdisjoint(t.prompt[0]["content"] for t in second)
+    assert abs(dataset_seed(0) - dataset_seed(1)) > 10
     for task in tasks:
         (message,) = task.prompt
         assert message == {"role": "user", "content": task.info["entry"]["question"]}
@@ -218,7 +225,7 @@ def test_train_steps_on_the_scores_reasoning_gyms_scorer_gives(tmp_path):
         for row in trajectories:
             _, seed, index = row["task_id"].rsplit("-", 2)
             dataset = create_dataset(
-                "leg_counting", **ONE_ANIMAL, seed=int(seed), size=int(index) + 1
+                "leg_counting", **ONE_ANIMAL, seed=dataset_seed(int(seed)), size=int(index) + 1
             )
             reply = extract_answer(row["messages"][-1]["content"])
             assert row["rewards"] == {

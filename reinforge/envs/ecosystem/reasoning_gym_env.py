@@ -3,9 +3,10 @@
 `env.args` is the dataset's own config (a dataclass in reasoning-gym), checked here as a
 `Section` made from its fields, so a misspelt or ill-typed key is one line naming it as any
 loader's `Args` would. The config's `seed` and `size` are the run's to set: `tasks(n,
-seed)` builds the dataset with that seed and size `n`, so a seed names the same tasks every
-time. The reward is the dataset's own `score_answer` of the reply's last `<answer>` block,
-which is where reasoning-gym's prompts and its `extract_answer` expect the answer.
+seed)` builds the dataset of size `n` with a seed spread from `seed` (`dataset_seed`), so
+a seed names the same tasks every time and two seeds share none. The reward is the
+dataset's own `score_answer` of the reply's last `<answer>` block, which is where
+reasoning-gym's prompts and its `extract_answer` expect the answer.
 
 reasoning-gym is an optional dependency (`reinforge[ecosystem]`): it is imported when a
 dataset is loaded, so that reinforge imports without it.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import typing
+import zlib
 from typing import Any
 
 from pydantic import ConfigDict, Field, create_model
@@ -31,6 +33,13 @@ from reinforge.types import Section, Task
 SOURCE = "reasoning_gym"
 RUN_SET = ("seed", "size")
 """Config fields that `tasks(n, seed)` sets, never `env.args`."""
+
+
+def dataset_seed(seed: int) -> int:
+    """The seed a dataset of `seed`'s tasks is drawn with. reasoning-gym draws entry i from
+    its seed + i, so the seeds of two evals one apart (`eval --seed 0`, then 1) would
+    share all but one entry; spread, they lie about 2**32 / (seeds) apart."""
+    return zlib.crc32(f"reasoning_gym/{seed}".encode())
 MAX_TOKENS_PER_TURN = 1024
 """Room to reason before the answer, as the system prompt asks."""
 KNOWN = 'python -c "from reasoning_gym.factory import DATASETS; print(sorted(DATASETS))"'
@@ -62,7 +71,7 @@ class ReasoningGym(Environment):
     def tasks(self, n: int, seed: int = 0) -> list[Task]:
         if n == 0:
             return []
-        dataset = self.draw(seed, n)
+        dataset = self.draw(dataset_seed(seed), n)
         entries = [dataset[i] for i in range(n)]
         return [
             Task(
