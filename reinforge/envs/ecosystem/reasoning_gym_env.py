@@ -40,6 +40,8 @@ def dataset_seed(seed: int) -> int:
     its seed + i, so the seeds of two evals one apart (`eval --seed 0`, then 1) would
     share all but one entry; spread, they lie about 2**32 / (seeds) apart."""
     return zlib.crc32(f"reasoning_gym/{seed}".encode())
+
+
 MAX_TOKENS_PER_TURN = 1024
 """Room to reason before the answer, as the system prompt asks."""
 KNOWN = 'python -c "from reasoning_gym.factory import DATASETS; print(sorted(DATASETS))"'
