@@ -14,9 +14,12 @@ import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+import torch
 
 from reinforge.config import Config, load_config
+from reinforge.orchestrate import weight_sync
 from reinforge.orchestrate.cluster import open_cluster
 from reinforge.orchestrate.engines import RemoteEngine, open_engine
 from reinforge.orchestrate.ray_cluster import RayCluster
@@ -66,6 +69,38 @@ def _node_log(node: Path, index: int) -> Path:
     """Engine `index`'s log in the node's temp folder: the one its engine holds now."""
     (log,) = [log for log in node.glob(f"reinforge-engine-*/engine-{index}.log") if holding(log)]
     return log
+
+
+def test_the_run_reaches_its_engines_through_their_actors(
+    tmp_path: Path, node: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine takes pauses, resumes and weights from loopback connections alone, which
+    the run cannot open to an engine on another machine: it posts them through the
+    engine's actor, on the engine's node. Here the run's own posts are cut off (on one
+    machine they would reach), and every pause, resume and push still arrives."""
+
+    def cut_off(url: str) -> None:
+        raise AssertionError(f"the run posted to the engine at {url} itself")
+
+    monkeypatch.setattr(weight_sync, "loopback", cut_off)
+
+    def paused(url: str) -> bool:
+        return httpx.get(f"{url.removesuffix('/v1')}/health", timeout=10.0).json()["paused"]
+
+    async def test(engine: RemoteEngine, trainer: Trainer) -> None:
+        answers = engine.sync.post_all("/pause", {"lease_s": 60.0}, "pause decoding")
+        assert [answer["paused"] for answer in answers] == [True, True]
+        assert all(paused(url) for url in engine.sync.urls)
+        engine.sync.post_all("/resume", {}, "resume decoding")
+        assert not any(paused(url) for url in engine.sync.urls)
+        with torch.no_grad():
+            for parameter in trainer.model.parameters():
+                parameter.mul_(0.9)
+        assert engine.sync.push(trainer, 4).engines == 2
+        for url in engine.sync.urls:
+            assert_samples_with(url, trainer.model, 4)
+
+    _with_engines(tmp_path, test)
 
 
 def test_an_engine_whose_actor_dies_is_said_to_and_comes_back_by_a_new_actor(

@@ -38,7 +38,6 @@ from reinforge.orchestrate.weight_sync import (
     EngineLinks,
     check_versions,
     packed_weights,
-    post_to_engine,
     weights_folder,
 )
 from reinforge.policy.weight_buckets import Bucket, manifest, total_bytes, unpack
@@ -111,7 +110,7 @@ class BroadcastPush(EngineLinks):
         """Engine `index`'s version once it has taken the broadcast; None: it could not."""
         route, what = "/weights/broadcast", "take the weights"
         try:
-            answer = post_to_engine(self._http[index], route, body, what)
+            answer = self.post(index, route, body, what)
         except UsageError:  # gone, or its group failed
             return None
         return answer["policy_version"]
@@ -160,7 +159,7 @@ class BroadcastPush(EngineLinks):
         body = {"host": HOST, "port": self._store.port, "group": name, "rank": rank,
                 "size": size, "timeout_s": self._timeout_s}  # fmt: skip
         try:
-            post_to_engine(self._http[index], "/weights/group", body, "join the weights group")
+            self.post(index, "/weights/group", body, "join the weights group")
         except EngineGone:
             return False
         except UsageError:
@@ -180,7 +179,7 @@ class BroadcastPush(EngineLinks):
             path = folder / "weights.safetensors"
             save_file(unpack(self._last), str(path))
             body = {"path": str(path), "version": self.version}
-            post_to_engine(self._http[index], "/weights", body, "take the weights")
+            self.post(index, "/weights", body, "take the weights")
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 

@@ -52,7 +52,15 @@ from reinforge.orchestrate.engine_processes import (
     silent,
     spawn,
 )
-from reinforge.orchestrate.ray_actors import ANSWER_S, ask, node_id, ray, reason, release
+from reinforge.orchestrate.ray_actors import (
+    ANSWER_S,
+    ask,
+    death,
+    node_id,
+    ray,
+    reason,
+    release,
+)
 from reinforge.orchestrate.ray_logs import LogCopies
 from reinforge.orchestrate.ray_ranks import RayRanks
 from reinforge.orchestrate.ray_weights import ObjectStorePush
@@ -252,6 +260,16 @@ class EngineActor:
     def returncode(self) -> int | None:
         return None if self.process is None else self.process.poll()
 
+    def post(self, token: str, route: str, body: dict[str, Any], what: str) -> dict[str, Any]:
+        """`route` posted to this node's engine from the node's loopback address, the only
+        source its control routes (pause, resume, weights) take: how the run reaches an
+        engine on another machine."""
+        headers = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(
+            base_url=self.url, headers=headers, timeout=600.0, transport=loopback(self.url)
+        ) as http:
+            return post_to_engine(http, route, body, what)
+
     def take_weights(self, token: str, version: int, *buckets: Bucket) -> int:
         """Weights that Ray brought to this node (once for all its engines) to this node's
         engine: a file in the node's own memory, posted from the node's loopback address,
@@ -412,7 +430,23 @@ class RayEngines:
     def weight_sync(self) -> EngineLinks:
         if self._transport == "object_store":
             return ObjectStorePush(self, self._dtype)
-        return FilePush(self.urls, self.token, supervised=True)
+        return FilePush(self.urls, self.token, supervised=True, relay=self.relay)
+
+    def relay(self, index: int, route: str, body: dict[str, Any], what: str) -> dict[str, Any]:
+        """`route` posted to engine `index` by its actor, on the engine's node; a weight
+        load may take as long as a start. `EngineGone` should the actor be gone or silent."""
+        ref = self._actors[index].post.remote(self.token, route, body, what)
+        try:
+            return ray.get(ref, timeout=START_S + ANSWER_S)
+        except RayTaskError as error:
+            raise (error.cause if isinstance(error.cause, UsageError) else error) from None
+        except RayActorError as error:
+            gone = f"engine {index} did not {what}: its actor died {death(error)}"
+            raise EngineGone(gone) from None
+        except GetTimeoutError:
+            raise EngineGone(
+                f"engine {index} did not {what} within {START_S + ANSWER_S:.0f} s (is its node up?)"
+            ) from None
 
     def give(self, indices: list[int], version: int, buckets: list[Any]) -> list[int | None]:
         """Engines `indices` take `buckets` (object refs) as `version`, at once: each the

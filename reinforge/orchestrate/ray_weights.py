@@ -34,7 +34,7 @@ class ObjectStorePush(EngineLinks):
     crosses nodes. The last push stays in the store, for a restarted engine."""
 
     def __init__(self, engines: RayEngines, dtype: torch.dtype) -> None:
-        super().__init__(engines.urls, engines.token, supervised=True)
+        super().__init__(engines.urls, engines.token, supervised=True, relay=engines.relay)
         self._engines = engines
         self._dtype = dtype
         self._last: list[Any] = []

@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -144,9 +144,15 @@ class EngineLinks(ABC):
     Of the run's own engines (`supervised`), one that dies `leave`s, and pushes skip it,
     or lose it should it die during one; restarted, it `rejoin`s with the last push, kept
     for that, and its version. An engine the user started that cannot be reached is the
-    run's error."""
+    run's error.
 
-    def __init__(self, urls: list[str], token: str | None, supervised: bool) -> None:
+    Engines take pushes, pauses and resumes from loopback connections alone. This
+    machine's are posted to from here; engines on other nodes through a `relay`, which
+    posts from each engine's own node."""
+
+    def __init__(
+        self, urls: list[str], token: str | None, supervised: bool, relay: Relay | None = None
+    ) -> None:
         self.urls = urls
         self.supervised = supervised
         self.version = 0
@@ -156,8 +162,9 @@ class EngineLinks(ABC):
             httpx.Client(
                 base_url=url.rstrip("/"), headers=headers, timeout=600.0, transport=loopback(url)
             )
-            for url in urls
+            for url in (urls if relay is None else [])
         ]
+        self.post: Relay = relay or self._post_here
         self._pool = ThreadPoolExecutor(len(urls), thread_name_prefix="reinforge-sync")
         self._joined = [True] * len(urls)
         """Engines that hold the last push and take the next: those up, to the pushes."""
@@ -208,11 +215,14 @@ class EngineLinks(ABC):
         answers = list(self._pool.map(lambda i: self._reach(i, route, body, what), self.up()))
         return [answer for answer in answers if answer is not None]
 
+    def _post_here(self, index: int, route: str, body: dict[str, Any], what: str) -> dict[str, Any]:
+        return post_to_engine(self._http[index], route, body, what)
+
     def _reach(
         self, index: int, route: str, body: dict[str, Any], what: str
     ) -> dict[str, Any] | None:
         try:
-            return post_to_engine(self._http[index], route, body, what)
+            return self.post(index, route, body, what)
         except EngineGone:
             if not self.supervised:
                 raise
@@ -231,8 +241,10 @@ class FilePush(EngineLinks):
     `POST /v1/weights`; each applies them between two decode steps, and its requests in
     flight go on. The last push's file is kept for a restarted engine."""
 
-    def __init__(self, urls: list[str], token: str | None, supervised: bool) -> None:
-        super().__init__(urls, token, supervised)
+    def __init__(
+        self, urls: list[str], token: str | None, supervised: bool, relay: Relay | None = None
+    ) -> None:
+        super().__init__(urls, token, supervised, relay)
         self._dir = weights_folder()
         self._weights = self._dir / "weights.safetensors"
 
@@ -252,7 +264,7 @@ class FilePush(EngineLinks):
 
     def _give_last(self, index: int) -> None:
         body = {"path": str(self._weights), "version": self.version}
-        post_to_engine(self._http[index], "/weights", body, "take the weights")
+        self.post(index, "/weights", body, "take the weights")
 
     def close(self) -> None:
         super().close()
@@ -282,6 +294,11 @@ def check_versions(served: list[int], version: int) -> None:
 
 class EngineGone(UsageError):
     """An engine that could not be reached: it died, or stopped answering."""
+
+
+Relay = Callable[[int, str, dict[str, Any], str], dict[str, Any]]
+"""`(index, route, body, what)`: `route` posted with `body` to engine `index` from its own
+node, answered as `post_to_engine` answers (`EngineGone` should it not be reached)."""
 
 
 def post_to_engine(
