@@ -66,6 +66,10 @@ class ScriptedModel(torch.nn.Module):
     def device(self) -> torch.device:  # where the engine computes, as a model says
         return self.inner.device
 
+    @property
+    def dtype(self) -> torch.dtype:  # what its KV states are held in, as a model says
+        return self.inner.dtype
+
     def forward(self, **inputs: Any) -> Any:
         output = self.inner(**inputs)
         if self.script:
