@@ -80,11 +80,14 @@ def _assert_sampled_by(trajectory: dict, model: torch.nn.Module) -> None:
 def test_engines_on_host_b_sample_the_trainers_weights_through_the_object_store(hosts, tmp_path):
     """The trainer on host A, two engines pinned to host B: every step syncs both through
     Ray's object store, each actor writing the weights in host B's own memory; the run
-    reaches the engines at host B's address; and what they sampled is the trainer's
-    checkpointed policy."""
+    reaches the engines at host B's address, and pauses and resumes them around each step
+    through their actors (partial mode, whose bound of 0 keeps every step on-policy); and
+    what they sampled is the trainer's checkpointed policy."""
     argv = tiny_train(
         tmp_path,
         "run.steps=3",
+        "loop.mode=partial",
+        "loop.max_staleness=0",
         "run.checkpoint_every=1",
         "cluster.backend=ray",
         f'cluster.address="{hosts.address}"',
