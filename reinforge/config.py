@@ -88,12 +88,6 @@ class Config(Section):
                     'engines.weight_sync is "object_store", Ray\'s: it needs '
                     'cluster.backend = "ray"'
                 )
-        if isinstance(engines, SpawnedEngines) and engines.weight_sync.kind == "broadcast":
-            if self.cluster.backend != "local":
-                raise ValueError(
-                    'engines.weight_sync is "broadcast", over the run\'s machine: it needs '
-                    'cluster.backend = "local" (Ray\'s engines take "object_store")'
-                )
         return self
 
     @model_validator(mode="after")

@@ -5,6 +5,7 @@ never the run."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -18,10 +19,11 @@ import torch
 import torch.distributed as dist
 
 from reinforge.config import Config, load_config
-from reinforge.errors import ConfigError
 from reinforge.orchestrate.broadcast_weights import HOST
+from reinforge.orchestrate.cluster import open_cluster
 from reinforge.orchestrate.engine_processes import EngineProcesses
 from reinforge.orchestrate.engines import RemoteEngine, open_engine
+from reinforge.orchestrate.ray_weights import RayBroadcastPush
 from reinforge.policy.config import EngineConfig
 from reinforge.policy.engine import Engine
 from reinforge.policy.models import load_model
@@ -30,6 +32,7 @@ from reinforge.policy.weight_group import WeightGroup, new_group
 from reinforge.train.trainer import Trainer
 
 from .commands import ROOT, tiny_train
+from .conftest import require_extra
 from .test_remote_engine import assert_samples_with
 
 BROADCAST = ("engines.kind=spawned", "engines.count=2", "engines.weight_sync.kind=broadcast")
@@ -77,7 +80,7 @@ def test_buckets_land_while_the_last_is_copied_in(tmp_path):
     receiver = WeightGroup(engine)
     try:
         with ThreadPoolExecutor(1) as pool:
-            joined = pool.submit(receiver.join, HOST, store.port, "g", 1, 2, 30.0)
+            joined = pool.submit(receiver.join, (HOST, store.port), HOST, "g", 1, 2, 30.0)
             trainer = new_group(store, "g", HOST, 0, 2, 30.0)
             joined.result()
             entries = [bucket.entries for bucket in buckets]
@@ -187,7 +190,33 @@ def test_a_run_broadcasts_every_step_to_both_engines(tmp_path, mode):
                 assert versions == sorted(versions) and step - 1 - min(versions) <= 1
 
 
-def test_a_broadcast_is_refused_on_ray():
-    overrides = [*BROADCAST, "cluster.backend=ray"]
-    with pytest.raises(ConfigError, match='needs cluster.backend = "local"'):
-        load_config(Config, None, overrides)
+def test_a_ray_runs_engines_take_the_broadcast_through_their_actors(tmp_path):
+    """Engines as Ray actors: each joins the group at its node's address, told through its
+    actor; one that misses a push catches up from the object store and is in the next
+    group."""
+    require_extra("ray", "ray")
+    config, model, trainer, tokenizer = _setup(tmp_path, "cluster.backend=ray")
+
+    async def pushes() -> None:
+        with open_cluster(config) as cluster:
+            engine = await open_engine(config, trainer, tokenizer, 0, cluster.engines)
+            assert isinstance(engine, RemoteEngine)
+            assert isinstance(engine.sync, RayBroadcastPush)
+            try:
+                _perturb(model, 0)
+                assert engine.sync.push(trainer, 5).engines == 2
+                for url in engine.sync.urls:
+                    assert_scores_like(url, model)
+                engine.sync.leave(0)
+                _perturb(model, 1)
+                assert engine.sync.push(trainer, 6).engines == 1
+                engine.sync.rejoin(0)  # from the object store: no file reaches another node
+                _perturb(model, 2)
+                assert engine.sync.push(trainer, 7).engines == 2
+                for url in engine.sync.urls:
+                    assert_scores_like(url, model)
+                    assert_samples_with(url, model, 7)
+            finally:
+                await engine.aclose()
+
+    asyncio.run(pushes())

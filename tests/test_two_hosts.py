@@ -77,12 +77,15 @@ def _assert_sampled_by(trajectory: dict, model: torch.nn.Module) -> None:
 
 
 @pytest.mark.timeout(1800)
-def test_engines_on_host_b_sample_the_trainers_weights_through_the_object_store(hosts, tmp_path):
-    """The trainer on host A, two engines pinned to host B: every step syncs both through
-    Ray's object store, each actor writing the weights in host B's own memory; the run
-    reaches the engines at host B's address, and pauses and resumes them around each step
-    through their actors (partial mode, whose bound of 0 keeps every step on-policy); and
-    what they sampled is the trainer's checkpointed policy."""
+@pytest.mark.parametrize("transport", ["object_store", "broadcast"])
+def test_engines_on_host_b_sample_the_trainers_weights(hosts, tmp_path, transport):
+    """The trainer on host A, two engines pinned to host B: every step syncs both, through
+    Ray's object store (each actor writing the weights in host B's own memory) or as a
+    broadcast over a gloo group whose store listens on host A's address and whose engines'
+    ends are on host B's; the run reaches the engines at host B's address, and pauses and
+    resumes them around each step through their actors (partial mode, whose bound of 0
+    keeps every step on-policy); and what they sampled is the trainer's checkpointed
+    policy."""
     argv = tiny_train(
         tmp_path,
         "run.steps=3",
@@ -94,7 +97,7 @@ def test_engines_on_host_b_sample_the_trainers_weights_through_the_object_store(
         "engines.kind=spawned",
         "engines.count=2",
         "engines.resources.custom={host_b=1}",
-        "engines.weight_sync=object_store",
+        f"engines.weight_sync={transport}",
     )
     with created(hosts.a.shm) as on_a, created(hosts.b.shm) as on_b, created(hosts.b.tmp) as tmp:
         done = subprocess.run(
@@ -124,7 +127,10 @@ def test_engines_on_host_b_sample_the_trainers_weights_through_the_object_store(
         _assert_sampled_by(trajectory, model)
 
     weights_on_b = [name for name in on_b if name.startswith("reinforge-weights-")]
-    assert len(weights_on_b) >= 2 * 3  # each engine's actor, each step, in host B's memory
+    if transport == "object_store":  # each engine's actor, each step, in host B's memory
+        assert len(weights_on_b) >= 2 * 3
+    else:  # no file at all: the buckets came over the group
+        assert weights_on_b == []
     if hosts.isolated:  # host A wrote no weight file, and host B's memory is not host A's
         assert not [name for name in on_a if name.startswith("reinforge-weights-")]
         assert os.stat(hosts.a.shm).st_dev != os.stat(hosts.b.shm).st_dev

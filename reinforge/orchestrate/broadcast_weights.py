@@ -13,10 +13,11 @@ over it, so an engine that dies mid-push costs at most that long. The push repor
 next push, and the restarted engine catches up on the last push by a file, as `FilePush`
 hands weights over.
 
-The engines are the run's machine's processes: each takes control from loopback only, and
-connects to the store and the group over loopback. Engines on other nodes would need each
-engine's node address for its end of the group, and an agent on its node relaying the
-control over localhost, as Ray's engine actors do for the object store.
+The run's own machine's engines take control from loopback only, and connect to the store
+and the group over loopback: no other machine can join the group. A Ray run's engines may
+be on other machines (`ray_weights.RayBroadcastPush`): the store listens on the driver's
+node address, each engine's end of the group is on its own node's address, and the
+control goes through each engine's actor, which posts it on the engine's node.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from reinforge.errors import UsageError
 from reinforge.orchestrate.weight_sync import (
     EngineGone,
     EngineLinks,
+    Relay,
     check_versions,
     packed_weights,
     weights_folder,
@@ -46,7 +48,7 @@ from reinforge.train.trainer import PolicyTrainer
 
 T = TypeVar("T")
 HOST = "127.0.0.1"
-"""Where the store listens and the group connects: the run's machine."""
+"""Where the store listens and the group connects for engines of the run's machine."""
 
 
 class BroadcastPush(EngineLinks):
@@ -54,16 +56,24 @@ class BroadcastPush(EngineLinks):
     The last push's buckets are kept, for a restarted engine."""
 
     def __init__(
-        self, urls: list[str], token: str | None, dtype: torch.dtype, timeout_s: float
+        self,
+        urls: list[str],
+        token: str | None,
+        dtype: torch.dtype,
+        timeout_s: float,
+        host: str = HOST,
+        relay: Relay | None = None,
     ) -> None:
-        super().__init__(urls, token, supervised=True)
+        super().__init__(urls, token, supervised=True, relay=relay)
         self._dtype = dtype
         self._timeout_s = timeout_s
-        self._listener = socket.create_server((HOST, 0))
-        """The store's socket, on loopback alone: no other machine may join the group and
-        send the engines weights, as none may post them (`/v1/weights`)."""
+        self._host = host
+        self._listener = socket.create_server((host, 0))
+        """The store's socket: on loopback for the run's machine's engines, so no other
+        machine may join the group and send them weights, as none may post them
+        (`/v1/weights`); on the driver's node address for a Ray run's."""
         self._store = dist.TCPStore(
-            HOST,
+            host,
             self._listener.getsockname()[1],
             None,
             True,
@@ -137,7 +147,7 @@ class BroadcastPush(EngineLinks):
                 for rank, index in enumerate(members, start=1)
             ]
             try:
-                group = new_group(self._store, name, HOST, 0, size, self._timeout_s)
+                group = new_group(self._store, name, self._host, 0, size, self._timeout_s)
             except RuntimeError:
                 group = None
             gone = [i for i, join in zip(members, joins, strict=True) if not self._within(join)]
@@ -156,7 +166,7 @@ class BroadcastPush(EngineLinks):
     def _join(self, index: int, name: str, rank: int, size: int) -> bool:
         """Whether engine `index` answered, joined or not (a group fails for any engine's
         sake); False: it is gone."""
-        body = {"host": HOST, "port": self._store.port, "group": name, "rank": rank,
+        body = {"host": self._host, "port": self._store.port, "group": name, "rank": rank,
                 "size": size, "timeout_s": self._timeout_s}  # fmt: skip
         try:
             self.post(index, "/weights/group", body, "join the weights group")

@@ -40,7 +40,7 @@ from safetensors.torch import save_file
 
 from reinforge.config import Config
 from reinforge.errors import UsageError
-from reinforge.orchestrate.config import Resources, SpawnedEngines
+from reinforge.orchestrate.config import BroadcastSync, Resources, SpawnedEngines
 from reinforge.orchestrate.engine_processes import (
     START_S,
     STOP_S,
@@ -63,7 +63,7 @@ from reinforge.orchestrate.ray_actors import (
 )
 from reinforge.orchestrate.ray_logs import LogCopies
 from reinforge.orchestrate.ray_ranks import RayRanks
-from reinforge.orchestrate.ray_weights import ObjectStorePush
+from reinforge.orchestrate.ray_weights import ObjectStorePush, RayBroadcastPush
 from reinforge.orchestrate.weight_sync import (
     EngineGone,
     EngineLinks,
@@ -326,6 +326,7 @@ class RayEngines:
         self._actors: list[Any] = []
         self._ports: list[int | None] = [None] * spawned.count
         """Each engine's port once it has one: a restarted actor takes it again."""
+        self._sync = spawned.weight_sync
         self._transport = spawned.weight_sync.kind
         self._dtype = getattr(torch, settings.engine.dtype)
         self._copies = LogCopies([self.log(i) for i in range(spawned.count)], self._now)
@@ -430,6 +431,8 @@ class RayEngines:
     def weight_sync(self) -> EngineLinks:
         if self._transport == "object_store":
             return ObjectStorePush(self, self._dtype)
+        if isinstance(self._sync, BroadcastSync):
+            return RayBroadcastPush(self, self._dtype, self._sync.timeout_s)
         return FilePush(self.urls, self.token, supervised=True, relay=self.relay)
 
     def relay(self, index: int, route: str, body: dict[str, Any], what: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from reinforge.orchestrate.broadcast_weights import BroadcastPush
 from reinforge.orchestrate.weight_sync import (
     EngineGone,
     EngineLinks,
@@ -56,4 +57,23 @@ class ObjectStorePush(EngineLinks):
 
     def _give_last(self, index: int) -> None:
         if self._engines.give([index], self.version, self._last) == [None]:
+            raise EngineGone(f"engine {index} did not take the weights")
+
+
+class RayBroadcastPush(BroadcastPush):
+    """The broadcast to a Ray run's engines, on any node: the group's store listens on the
+    driver's node address and each engine's end on its own node's, the control goes
+    through each engine's actor, and a restarted engine catches up from the object store
+    (no file of the driver's node reaches another machine). The store takes connections
+    from any machine while a group forms: a cluster whose network others share should take
+    the object store, which Ray's own authentication guards."""
+
+    def __init__(self, engines: RayEngines, dtype: torch.dtype, timeout_s: float) -> None:
+        host = ray.util.get_node_ip_address()
+        super().__init__(engines.urls, engines.token, dtype, timeout_s, host, engines.relay)
+        self._engines = engines
+
+    def _give_last(self, index: int) -> None:
+        refs = [ray.put(bucket) for bucket in self._last]
+        if self._engines.give([index], self.version, refs) == [None]:
             raise EngineGone(f"engine {index} did not take the weights")

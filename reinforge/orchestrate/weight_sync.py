@@ -14,9 +14,9 @@ the other back. Its transports, by where the engine holds its weights:
 | `ObjectStore-   | `reinforge serve` in Ray actors          | buckets in Ray's object     |
 | Push` (Ray,     | (`orchestrate/ray_cluster.py`)           | store, one copy per node    |
 | `ray_weights`)  |                                          |                             |
-| `Broadcast-     | `reinforge serve` processes of this      | buckets broadcast over a    |
-| Push` (`broad-  | machine, in a gloo group with the run's  | group of its own, copied in |
-| cast_weights`)  | process                                  | as the next one lands       |
+| `Broadcast-     | `reinforge serve` processes, of this     | buckets broadcast over a    |
+| Push` (`broad-  | machine or in Ray actors, in a gloo      | group of its own, copied in |
+| cast_weights`)  | group with the run's process             | as the next one lands       |
 
 Shared tensors need one thing more: no decode step may read them while the optimizer
 writes them. The loop trains inside `sync.training(trainer)`, where `SharedWeights` holds

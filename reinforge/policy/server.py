@@ -151,8 +151,9 @@ def create_app(engine: SamplingEngine, config: ServerConfig) -> FastAPI:
     async def join_weights_group(join: GroupJoin, request: Request) -> Json:
         service.authorize_weights(request)
         try:
+            store_at, own = (join.host, join.port), config.host
             await asyncio.to_thread(
-                group.join, join.host, join.port, join.group, join.rank, join.size, join.timeout_s
+                group.join, store_at, own, join.group, join.rank, join.size, join.timeout_s
             )
         except RuntimeError as error:  # torch.distributed's: a rank or the store is gone
             message = f"could not join weights group {join.group}: {error}"

@@ -53,11 +53,16 @@ class WeightGroup:
         self.name: str | None = None
         self._group: dist.ProcessGroupGloo | None = None
 
-    def join(self, host: str, port: int, name: str, rank: int, size: int, timeout_s: float) -> None:
-        """Leave the last group and join `name`; returns once all its ranks have."""
+    def join(
+        self, store_at: tuple[str, int], own: str, name: str, rank: int, size: int, timeout_s: float
+    ) -> None:
+        """Leave the last group and join `name`, whose store is at `store_at` (host, port),
+        with this engine's end on its own address `own`, where the other ranks reach it
+        (the trainer's node's address would not be its own on another machine); returns
+        once all its ranks have."""
         self.name, self._group = None, None
-        store = client_store(host, port, timeout_s)
-        self._group = new_group(store, name, host, rank, size, timeout_s)
+        store = client_store(*store_at, timeout_s)
+        self._group = new_group(store, name, own, rank, size, timeout_s)
         self.name = name
 
     def receive(self, name: str, buckets: list[tuple[Entry, ...]], version: int) -> int:
