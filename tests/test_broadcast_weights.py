@@ -94,30 +94,36 @@ def test_buckets_land_while_the_last_is_copied_in(tmp_path):
         engine.close()
 
 
+def _push_miss_and_catch_up(engine: RemoteEngine, model: torch.nn.Module, trainer: Trainer):
+    """Pushes to both engines, one that engine 0 misses and then catches up on, and one
+    more to both: after each, the engines up hold the trainer's weights."""
+    _perturb(model, 0)
+    synced = engine.sync.push(trainer, 5)
+    assert (synced.engines, engine.version) == (2, 5)
+    assert synced.bytes == 2 * sum(p.numel() * 4 for p in model.parameters())
+    for url in engine.sync.urls:
+        assert_scores_like(url, model)
+        assert_samples_with(url, model, 5)
+    engine.sync.leave(0)
+    _perturb(model, 1)
+    assert engine.sync.push(trainer, 6).engines == 1
+    engine.sync.rejoin(0)
+    for url in engine.sync.urls:
+        assert_samples_with(url, model, 6)
+    _perturb(model, 2)  # and engine 0 is in the group again
+    assert engine.sync.push(trainer, 7).engines == 2
+    for url in engine.sync.urls:
+        assert_scores_like(url, model)
+        assert_samples_with(url, model, 7)
+
+
 async def test_a_broadcast_reaches_every_engine_and_a_restarted_one_catches_up(tmp_path):
+    """The engine that misses a push catches up from a file of the run's machine."""
     config, model, trainer, tokenizer = _setup(tmp_path)
     engine = await open_engine(config, trainer, tokenizer, 0)
     assert isinstance(engine, RemoteEngine)
     try:
-        _perturb(model, 0)
-        synced = engine.sync.push(trainer, 5)
-        assert (synced.engines, engine.version) == (2, 5)
-        assert synced.bytes == 2 * sum(p.numel() * 4 for p in model.parameters())
-        for url in engine.sync.urls:
-            assert_scores_like(url, model)
-            assert_samples_with(url, model, 5)
-        # engine 0 misses a push, catches up from a file, and is in the next group
-        engine.sync.leave(0)
-        _perturb(model, 1)
-        assert engine.sync.push(trainer, 6).engines == 1
-        engine.sync.rejoin(0)
-        for url in engine.sync.urls:
-            assert_samples_with(url, model, 6)
-        _perturb(model, 2)
-        assert engine.sync.push(trainer, 7).engines == 2
-        for url in engine.sync.urls:
-            assert_scores_like(url, model)
-            assert_samples_with(url, model, 7)
+        _push_miss_and_catch_up(engine, model, trainer)
     finally:
         await engine.aclose()
 
@@ -202,20 +208,8 @@ def test_a_ray_runs_engines_take_the_broadcast_through_their_actors(tmp_path):
             engine = await open_engine(config, trainer, tokenizer, 0, cluster.engines)
             assert isinstance(engine, RemoteEngine)
             assert isinstance(engine.sync, RayBroadcastPush)
-            try:
-                _perturb(model, 0)
-                assert engine.sync.push(trainer, 5).engines == 2
-                for url in engine.sync.urls:
-                    assert_scores_like(url, model)
-                engine.sync.leave(0)
-                _perturb(model, 1)
-                assert engine.sync.push(trainer, 6).engines == 1
-                engine.sync.rejoin(0)  # from the object store: no file reaches another node
-                _perturb(model, 2)
-                assert engine.sync.push(trainer, 7).engines == 2
-                for url in engine.sync.urls:
-                    assert_scores_like(url, model)
-                    assert_samples_with(url, model, 7)
+            try:  # engine 0 catches up from the object store: no file reaches another node
+                _push_miss_and_catch_up(engine, model, trainer)
             finally:
                 await engine.aclose()
 
