@@ -55,7 +55,7 @@ from reinforge.orchestrate.engine_processes import (
 from reinforge.orchestrate.ray_actors import ANSWER_S, ask, node_id, ray, reason, release
 from reinforge.orchestrate.ray_logs import LogCopies
 from reinforge.orchestrate.ray_ranks import RayRanks
-from reinforge.orchestrate.ray_weights import ObjectStorePush
+from reinforge.orchestrate.ray_weights import HeldBuckets, ObjectStorePush, Push
 from reinforge.orchestrate.weight_sync import (
     EngineGone,
     EngineLinks,
@@ -64,7 +64,7 @@ from reinforge.orchestrate.weight_sync import (
     post_to_engine,
     weights_folder,
 )
-from reinforge.policy.weight_buckets import Bucket, unpack
+from reinforge.policy.weight_buckets import unpack
 from reinforge.train.config import TrainerConfig
 
 if ray is not None:
@@ -208,6 +208,7 @@ class EngineActor:
         self.port = port or free_ports(1, self.host)[0]
         self.url = base_url(self.host, self.port)
         self.process: subprocess.Popen[bytes] | None = None
+        self.held = HeldBuckets()
 
     def node(self) -> str:
         return node_id()
@@ -252,25 +253,27 @@ class EngineActor:
     def returncode(self) -> int | None:
         return None if self.process is None else self.process.poll()
 
-    def take_weights(self, token: str, version: int, *buckets: Bucket) -> int:
-        """Weights that Ray brought to this node (once for all its engines) to this node's
-        engine: a file in the node's own memory, posted from the node's loopback address,
-        the only one `/v1/weights` takes weights from (a connection from it reaches the
-        node's own addresses; no other machine can have it). The version the engine then
-        serves."""
+    def take_weights(self, token: str, push: Push) -> tuple[int, int]:
+        """The weights of `push` to this node's engine: built from the deltas on the
+        buckets this actor holds, or pulled whole from the store where they do not apply
+        (`HeldBuckets`), then a file in the node's own memory, posted from the node's
+        loopback address, the only one `/v1/weights` takes weights from (a connection from
+        it reaches the node's own addresses; no other machine can have it). The version the
+        engine then serves, and the bytes the actor took from the store."""
+        moved = self.held.take(push)
         folder = weights_folder()
         headers = {"Authorization": f"Bearer {token}"}
         try:
             path = folder / "weights.safetensors"
-            save_file(unpack(buckets), path)
-            body = {"path": str(path), "version": version}
+            save_file(unpack(self.held.buckets), path)
+            body = {"path": str(path), "version": push.version}
             with httpx.Client(
                 base_url=self.url, headers=headers, timeout=600.0, transport=loopback(self.url)
             ) as http:
                 answer = post_to_engine(http, "/weights", body, "take the weights")
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-        return answer["policy_version"]
+        return answer["policy_version"], moved
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -414,11 +417,11 @@ class RayEngines:
             return ObjectStorePush(self, self._dtype)
         return FilePush(self.urls, self.token, supervised=True)
 
-    def give(self, indices: list[int], version: int, buckets: list[Any]) -> list[int | None]:
-        """Engines `indices` take `buckets` (object refs) as `version`, at once: each the
-        version it serves, or None for one that died (or whose actor did)."""
-        refs = [self._actors[i].take_weights.remote(self.token, version, *buckets) for i in indices]
-        served: list[int | None] = []
+    def give(self, indices: list[int], push: Push) -> list[tuple[int, int] | None]:
+        """Engines `indices` take `push`, at once: each the version it serves and the
+        bytes its actor took from the store, or None for one that died (or whose actor did)."""
+        refs = [self._actors[i].take_weights.remote(self.token, push) for i in indices]
+        served: list[tuple[int, int] | None] = []
         for ref in refs:  # each within its deadline: a hung node must not hang the push
             try:
                 served.append(ray.get(ref, timeout=START_S + ANSWER_S))
