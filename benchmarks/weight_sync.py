@@ -127,10 +127,9 @@ async def measure(
             for kind, (transport, dtype, whole) in RAY_KINDS.items():
                 name = f"ray_x{ray_count}_{kind}"
                 config = run_config(model_name, runs, name, f"engine.dtype={dtype}")
-                # three sets of engines on one machine's CPUs: each asks for a share of one
-                spawned = SpawnedEngines(
-                    count=ray_count, weight_sync=transport, resources=Resources(cpus=0.25)
-                )
+                # every set of engines on one machine's CPUs: all ask for one between them
+                share = Resources(cpus=1 / (len(RAY_KINDS) * ray_count))
+                spawned = SpawnedEngines(count=ray_count, weight_sync=transport, resources=share)
                 remotes[name] = await RemoteEngine.start(
                     config, trainer, 0, spawned, cluster.engines
                 )

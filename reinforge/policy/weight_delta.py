@@ -51,8 +51,8 @@ def encode(old: Bucket, new: Bucket, base: int) -> Delta | None:
     differs or the delta would be no smaller than `new` itself."""
     if old.entries != new.entries or old.data.nbytes != new.data.nbytes:
         return None
-    word = _word(new)
-    old_words, new_words = _words(old.data, word), _words(new.data, word)
+    word = element_bytes(new)
+    old_words, new_words = as_words(old.data, word), as_words(new.data, word)
     changed = old_words != new_words
     count = int(np.count_nonzero(changed))
     position = np.int32 if old_words.size < 2**31 else np.int64
@@ -72,7 +72,7 @@ def apply(old: Bucket, version: int | None, delta: Delta) -> Bucket | None:
     if version != delta.base or old.data.nbytes % delta.word:
         return None
     data = old.data.copy()
-    words = _words(data, delta.word)
+    words = as_words(data, delta.word)
     if delta.bitmask:
         changed = np.unpackbits(delta.where, count=words.size).view(bool)
         if np.count_nonzero(changed) != delta.values.size:
@@ -85,9 +85,10 @@ def apply(old: Bucket, version: int | None, delta: Delta) -> Bucket | None:
     return Bucket(old.entries, data) if checksum(data) == delta.checksum else None
 
 
-def _word(bucket: Bucket) -> int:
+def element_bytes(bucket: Bucket) -> int:
+    """The size of the words a delta compares: the bucket's smallest element's."""
     return min(getattr(torch, e.dtype).itemsize for e in bucket.entries)
 
 
-def _words(data: np.ndarray, word: int) -> np.ndarray:
+def as_words(data: np.ndarray, word: int) -> np.ndarray:
     return data.view(np.dtype(f"u{word}"))
