@@ -114,7 +114,9 @@ def test_held_buckets_take_deltas_and_fetch_whole_buckets_only_where_needed():
         # a base whose bytes are not the delta's (one bucket spoilt): that bucket whole
         spoilt = HeldBuckets()
         spoilt.take(Push(1, 0, [None] * len(v1), full1))
-        spoilt.buckets[1].data[:2] ^= 0xFF
+        data = spoilt.buckets[1].data.copy()
+        data[:2] ^= 0xFF
+        spoilt.buckets[1] = Bucket(spoilt.buckets[1].entries, data)
         moved = spoilt.take(push2)
         assert moved == sum(d.nbytes for d in deltas) + v2[1].data.nbytes
         assert same(spoilt, v2)

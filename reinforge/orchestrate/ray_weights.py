@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from reinforge.orchestrate.weight_sync import (
@@ -96,8 +95,10 @@ class ObjectStorePush(EngineLinks):
 
 
 class HeldBuckets:
-    """An engine actor's copy of the buckets it last took, in its own memory: what the
-    next push's deltas apply to."""
+    """The buckets an engine's actor last took: what the next push's deltas apply to. One
+    taken whole stays a view of its node's copy in the store (one for all the node's
+    actors, kept there until the next push replaces it); one built from a delta is the
+    actor's own."""
 
     def __init__(self) -> None:
         self.version: int | None = None
@@ -118,8 +119,7 @@ class HeldBuckets:
         whole = [i for i in range(len(push.full)) if i not in built]
         fetched: list[Bucket] = ray.get([push.full[i] for i in whole])
         for i, bucket in zip(whole, fetched, strict=True):
-            # a copy: a view would pin the store's object for as long as it is held
-            built[i] = Bucket(bucket.entries, np.array(bucket.data))
+            built[i] = bucket
             moved += bucket.data.nbytes
         self.buckets = [built[i] for i in range(len(push.full))]
         self.version = push.version
