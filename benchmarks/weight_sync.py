@@ -13,9 +13,8 @@ beside it, one and several.
 - with `--ray N`, N engines as actors of a local Ray cluster, five ways: the same file
   push, and `engines.weight_sync = "object_store"` (buckets put in Ray's object store,
   each actor writing them to its own node's memory for its engine) to fp32 engines and to
-  bf16 ones (half the bytes), each as it runs (a bucket's changed elements where they are
-  smaller) and whole (the driver forgets its last buckets before each push, so each goes
-  as a first push does).
+  bf16 ones (half the bytes), each whole and with `engines.weight_sync.delta` (after the
+  first push, each bucket's changed elements where they are smaller).
 
 Each round starts with a real optimizer step of the trainer (AdamW at the default
 `optim.lr`, the main job's, on a synthetic batch of random tokens), so that no push sends
@@ -42,7 +41,7 @@ import torch
 from transformers import PreTrainedModel
 
 from reinforge.config import Config, load_config
-from reinforge.orchestrate.config import Resources, SpawnedEngines
+from reinforge.orchestrate.config import FileSync, ObjectStoreSync, Resources, SpawnedEngines
 from reinforge.orchestrate.engines import RemoteEngine
 from reinforge.orchestrate.ray_cluster import RayCluster
 from reinforge.orchestrate.weight_sync import CopiedWeights, WeightSync
@@ -79,12 +78,12 @@ class Kind:
 
 BROADCAST_KINDS = {"broadcast_fp32": "float32", "broadcast_bf16": "bfloat16"}
 
-RAY_KINDS = {  # transport, engine dtype, whether every push goes whole
-    "file": (SpawnedEngines.model_fields["weight_sync"].default, "float32", False),
-    "object_store_fp32": ("object_store", "float32", False),
-    "object_store_fp32_whole": ("object_store", "float32", True),
-    "object_store_bf16": ("object_store", "bfloat16", False),
-    "object_store_bf16_whole": ("object_store", "bfloat16", True),
+RAY_KINDS = {
+    "file": (FileSync(), "float32"),
+    "object_store_fp32": (ObjectStoreSync(), "float32"),
+    "object_store_fp32_delta": (ObjectStoreSync(delta=True), "float32"),
+    "object_store_bf16": (ObjectStoreSync(), "bfloat16"),
+    "object_store_bf16_delta": (ObjectStoreSync(delta=True), "bfloat16"),
 }
 
 
@@ -107,7 +106,6 @@ async def measure(
     copy = Engine(sampler, tokenizer, model_name, EngineConfig(dtype="bfloat16"))
     kinds = {"in_process_bf16_copy": Kind(engines=1)}
     remotes: dict[str, RemoteEngine] = {}
-    wholes: set[str] = set()
     cluster = None
     try:
         for count in counts:
@@ -124,7 +122,7 @@ async def measure(
                 kinds[name] = Kind(engines=count)
         if ray_count is not None:
             cluster = RayCluster(run_config(model_name, runs, "ray", "cluster.backend=ray"))
-            for kind, (transport, dtype, whole) in RAY_KINDS.items():
+            for kind, (transport, dtype) in RAY_KINDS.items():
                 name = f"ray_x{ray_count}_{kind}"
                 config = run_config(model_name, runs, name, f"engine.dtype={dtype}")
                 # every set of engines on one machine's CPUs: all ask for one between them
@@ -134,16 +132,12 @@ async def measure(
                     config, trainer, 0, spawned, cluster.engines
                 )
                 kinds[name] = Kind(engines=ray_count)
-                if whole:
-                    wholes.add(name)
         syncs: dict[str, WeightSync] = {"in_process_bf16_copy": CopiedWeights(copy)}
         syncs.update({name: remote.sync for name, remote in remotes.items()})
         generator = torch.Generator().manual_seed(0)
         for version in range(1, rounds + 1):
             optimizer_step(trainer, generator)
             for name, sync in syncs.items():
-                if name in wholes:  # no last buckets: every one goes whole
-                    sync._held = []
                 started = time.perf_counter()
                 synced = sync.push(trainer, version)
                 kinds[name].seconds.append(time.perf_counter() - started)

@@ -118,14 +118,15 @@ def greedy(url: str, version: int) -> tuple[list[int], torch.Tensor]:
 
 
 def test_bf16_engines_take_the_changed_elements_after_the_first_push(tmp_path):
-    """Steps at the main job's learning rate change a few bf16 elements: after the first
-    push the engines take those, not the buckets, and sample exactly what an engine given
-    the buckets whole does (engine 0 misses a push and rejoins whole; engine 1 takes the
-    deltas)."""
+    """Steps at the main job's learning rate change a few bf16 elements: with
+    `engines.weight_sync.delta`, after the first push the engines take those, not the
+    buckets, and sample exactly what an engine given the buckets whole does (engine 0
+    misses a push and rejoins whole; engine 1 takes the deltas)."""
     require_extra("ray", "ray")
     overrides = ["model.name=tiny-random", f"run.dir={tmp_path}", "cluster.backend=ray",
                  "engines.kind=spawned", "engines.count=2",
-                 "engines.weight_sync=object_store", "engine.dtype=bfloat16"]  # fmt: skip
+                 "engines.weight_sync.kind=object_store", "engines.weight_sync.delta=true",
+                 "engine.dtype=bfloat16"]  # fmt: skip
     config = load_config(Config, None, overrides)
     model, tokenizer = load_model("tiny-random")
     trainer = Trainer(model, config.trainer, config.optim, total_steps=1)

@@ -40,7 +40,7 @@ from safetensors.torch import save_file
 
 from reinforge.config import Config
 from reinforge.errors import UsageError
-from reinforge.orchestrate.config import Resources, SpawnedEngines
+from reinforge.orchestrate.config import ObjectStoreSync, Resources, SpawnedEngines
 from reinforge.orchestrate.engine_processes import (
     START_S,
     STOP_S,
@@ -312,6 +312,7 @@ class RayEngines:
         self._ports: list[int | None] = [None] * spawned.count
         """Each engine's port once it has one: a restarted actor takes it again."""
         self._transport = spawned.weight_sync.kind
+        self._delta = isinstance(spawned.weight_sync, ObjectStoreSync) and spawned.weight_sync.delta
         self._dtype = getattr(torch, settings.engine.dtype)
         self._copies = LogCopies([self.log(i) for i in range(spawned.count)], self._now)
 
@@ -414,7 +415,7 @@ class RayEngines:
 
     def weight_sync(self) -> EngineLinks:
         if self._transport == "object_store":
-            return ObjectStorePush(self, self._dtype)
+            return ObjectStorePush(self, self._dtype, self._delta)
         return FilePush(self.urls, self.token, supervised=True)
 
     def give(self, indices: list[int], push: Push) -> list[tuple[int, int] | None]:

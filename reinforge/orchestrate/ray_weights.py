@@ -2,11 +2,12 @@
 "object_store"`): put once by the driver, taken by each engine's actor on its own node
 (`EngineActor.take_weights`), so that no file path crosses nodes.
 
-A push after the first sends each bucket as its change since the last push where that is
-smaller (`policy/weight_delta.py`): an engine's actor keeps the buckets it last took and
-applies the changes to them. Every bucket also lies whole in the store, on the driver's
-node, and a node pulls it only where its actor cannot build it from a delta: no base (a
-new or restarted actor), another base version, or a checksum that does not match.
+With `engines.weight_sync.delta`, a push after the first sends each bucket as its change
+since the last push where that is smaller (`policy/weight_delta.py`): an engine's actor
+keeps the buckets it last took and applies the changes to them. Every bucket also lies
+whole in the store, on the driver's node, and a node pulls it only where its actor cannot
+build it from a delta: no base (a new or restarted actor), another base version, or a
+checksum that does not match.
 """
 
 from __future__ import annotations
@@ -52,17 +53,20 @@ class Push:
 
 class ObjectStorePush(EngineLinks):
     """The trainer's weights, cast to `engine.dtype` and packed in buckets
-    (`policy/weight_buckets.py`), put once in Ray's object store, with each bucket's change
-    since the last push where that is smaller; each engine's actor takes them on its own
-    node and hands them to its engine over localhost, so no file path crosses nodes. The
-    last push stays in the store, whole, for a restarted engine."""
+    (`policy/weight_buckets.py`), put once in Ray's object store, with (`delta`) each
+    bucket's change since the last push where that is smaller; each engine's actor takes
+    them on its own node and hands them to its engine over localhost, so no file path
+    crosses nodes. The last push stays in the store, whole, for a restarted engine."""
 
-    def __init__(self, engines: RayEngines, dtype: torch.dtype) -> None:
+    def __init__(self, engines: RayEngines, dtype: torch.dtype, delta: bool) -> None:
         super().__init__(engines.urls, engines.token, supervised=True)
         self._engines = engines
         self._dtype = dtype
+        self._delta = delta
+        """`engines.weight_sync.delta`."""
         self._held: list[Bucket] = []
-        """The last push's buckets, in this process: what the next one's deltas are from."""
+        """With `delta`, the last push's buckets, in this process: what the next one's
+        deltas are from."""
         self._last: list[Any] = []
         """The last push's buckets in the object store (their refs keep them there)."""
 
@@ -70,8 +74,8 @@ class ObjectStorePush(EngineLinks):
         started = time.perf_counter()
         buckets = packed_weights(trainer, self._dtype)
         self._last = [ray.put(bucket) for bucket in buckets]
-        deltas = [self._delta(i, bucket) for i, bucket in enumerate(buckets)]
-        self._held = buckets
+        deltas = [self._changes(i, bucket) for i, bucket in enumerate(buckets)]
+        self._held = buckets if self._delta else []
         pack_s = time.perf_counter() - started
         up = self.up()
         served = self._engines.give(up, Push(version, self.version, deltas, self._last))
@@ -82,7 +86,7 @@ class ObjectStorePush(EngineLinks):
         check_versions([v for v, _ in took], version)
         return sum(moved for _, moved in took), len(took), pack_s
 
-    def _delta(self, index: int, bucket: Bucket) -> Any:
+    def _changes(self, index: int, bucket: Bucket) -> Any:
         if index >= len(self._held):
             return None
         delta = encode(self._held[index], bucket, self.version)

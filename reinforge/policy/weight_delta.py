@@ -20,6 +20,10 @@ import torch
 
 from reinforge.policy.weight_buckets import Bucket
 
+SAMPLE = 64
+"""A bucket is first compared at every this-many-th element: where that shows a delta
+would be no smaller, the bucket goes whole without a full comparison."""
+
 
 @dataclass(frozen=True)
 class Delta:
@@ -53,16 +57,26 @@ def encode(old: Bucket, new: Bucket, base: int) -> Delta | None:
         return None
     word = element_bytes(new)
     old_words, new_words = as_words(old.data, word), as_words(new.data, word)
+    size = old_words.size
+    position = np.int32 if size < 2**31 else np.int64
+    # every SAMPLE-th element first: nearly all changed (fp32) is known at a small cost
+    sampled = np.count_nonzero(old_words[::SAMPLE] != new_words[::SAMPLE])
+    if _delta_bytes(sampled * size // -(-size // SAMPLE), size, word, position) >= new.data.nbytes:
+        return None
     changed = old_words != new_words
     count = int(np.count_nonzero(changed))
-    position = np.int32 if old_words.size < 2**31 else np.int64
-    positions_bytes = count * np.dtype(position).itemsize
-    mask_bytes = -(-old_words.size // 8)
-    if min(positions_bytes, mask_bytes) + count * word >= new.data.nbytes:
+    if _delta_bytes(count, size, word, position) >= new.data.nbytes:
         return None
-    bitmask = mask_bytes < positions_bytes
-    where = np.packbits(changed) if bitmask else np.flatnonzero(changed).astype(position)
-    return Delta(base, word, bitmask, where, new_words[changed], checksum(new.data))
+    positions = np.flatnonzero(changed)
+    bitmask = -(-size // 8) < count * np.dtype(position).itemsize
+    where = np.packbits(changed) if bitmask else positions.astype(position)
+    return Delta(base, word, bitmask, where, new_words[positions], checksum(new.data))
+
+
+def _delta_bytes(count: int, size: int, word: int, position: type) -> int:
+    """A delta's bytes for `count` changed words of `size`: positions or a bitmask, the
+    smaller, and their values."""
+    return min(count * np.dtype(position).itemsize, -(-size // 8)) + count * word
 
 
 def apply(old: Bucket, version: int | None, delta: Delta) -> Bucket | None:
