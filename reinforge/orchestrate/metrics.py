@@ -117,8 +117,8 @@ class SyncStats(Record):
     """Engines that took the new weights."""
     bytes: int
     """What the engines that took the weights were sent, summed over them: the weights'
-    size each, or with `engines.weight_sync = "object_store"` the changed elements of each
-    bucket an engine could build from them; 0 when the engine shares the trainer's weights
+    size each, or with `engines.weight_sync.delta` (object store) the changed elements of
+    each bucket an engine could build from them; 0 when the engine shares the trainer's weights
     (the optimizer step is the sync)."""
     bytes_per_s: float
     """`bytes` over `time.sync_s`: what the sync moved per second of it."""

@@ -13,8 +13,8 @@ the other back. Its transports, by where the engine holds its weights:
 |                 |                                          | engine loads, at once       |
 | `ObjectStore-   | `reinforge serve` in Ray actors          | buckets in Ray's object     |
 | Push` (Ray,     | (`orchestrate/ray_cluster.py`)           | store, one copy per node;   |
-| `ray_weights`)  |                                          | after the first, only their |
-|                 |                                          | changed elements            |
+| `ray_weights`)  |                                          | with `delta`, after the     |
+|                 |                                          | first only changed elements |
 | `Broadcast-     | `reinforge serve` processes of this      | buckets broadcast over a    |
 | Push` (`broad-  | machine, in a gloo group with the run's  | group of its own, copied in |
 | cast_weights`)  | process                                  | as the next one lands       |
@@ -60,8 +60,8 @@ class Synced:
     engines: int
     bytes: int
     """What the engines that took the weights were sent, summed over them: the weights'
-    size each, or with `object_store` each bucket's changes where the engine could build it
-    from them (`ray_weights.py`); 0 when the engine shares the trainer's weights (the
+    size each, or with `object_store`'s `delta` each bucket's changes where the engine could
+    build it from them (`ray_weights.py`); 0 when the engine shares the trainer's weights (the
     optimizer step is the sync)."""
     write_s: float = 0.0
     """The trainer writing the weights once for every engine (the file handoff); the
