@@ -260,12 +260,12 @@ class EngineActor:
         loopback address, the only one `/v1/weights` takes weights from (a connection from
         it reaches the node's own addresses; no other machine can have it). The version the
         engine then serves, and the bytes the actor took from the store."""
-        moved = self.held.take(push)
+        buckets, moved = self.held.take(push)
         folder = weights_folder()
         headers = {"Authorization": f"Bearer {token}"}
         try:
             path = folder / "weights.safetensors"
-            save_file(unpack(self.held.buckets), path)
+            save_file(unpack(buckets), path)
             body = {"path": str(path), "version": push.version}
             with httpx.Client(
                 base_url=self.url, headers=headers, timeout=600.0, transport=loopback(self.url)

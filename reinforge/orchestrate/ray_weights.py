@@ -49,6 +49,9 @@ class Push:
     """Per bucket, the ref of its `Delta`, or None where it goes whole."""
     full: list[Any]
     """Every bucket whole (refs)."""
+    keep: bool
+    """Whether an actor keeps the buckets for the next push's deltas (`delta`): else it
+    drops them once its engine has them, and the store may free them."""
 
 
 class ObjectStorePush(EngineLinks):
@@ -78,7 +81,8 @@ class ObjectStorePush(EngineLinks):
         self._held = buckets if self._delta else []
         pack_s = time.perf_counter() - started
         up = self.up()
-        served = self._engines.give(up, Push(version, self.version, deltas, self._last))
+        push = Push(version, self.version, deltas, self._last, self._delta)
+        served = self._engines.give(up, push)
         for index, answer in zip(up, served, strict=True):
             if answer is None:
                 self._joined[index] = False  # died: its supervisor brings it back
@@ -93,24 +97,25 @@ class ObjectStorePush(EngineLinks):
         return None if delta is None else ray.put(delta)
 
     def _give_last(self, index: int) -> None:
-        whole = Push(self.version, self.version, [None] * len(self._last), self._last)
+        none = [None] * len(self._last)
+        whole = Push(self.version, self.version, none, self._last, self._delta)
         if self._engines.give([index], whole) == [None]:
             raise EngineGone(f"engine {index} did not take the weights")
 
 
 class HeldBuckets:
-    """The buckets an engine's actor last took: what the next push's deltas apply to. One
-    taken whole stays a view of its node's copy in the store (one for all the node's
-    actors, kept there until the next push replaces it); one built from a delta is the
-    actor's own."""
+    """The buckets an engine's actor last took, with `delta`: what the next push's deltas
+    apply to. One taken whole stays a view of its node's copy in the store (one for all
+    the node's actors, kept there until the next push replaces it); one built from a delta
+    is the actor's own."""
 
     def __init__(self) -> None:
         self.version: int | None = None
         self.buckets: list[Bucket] = []
 
-    def take(self, push: Push) -> int:
+    def take(self, push: Push) -> tuple[list[Bucket], int]:
         """`push`'s buckets, built from its deltas where they apply and fetched whole where
-        not; the bytes this node fetched for them."""
+        not; and the bytes fetched for them."""
         based = self.version == push.base and len(self.buckets) == len(push.full)
         wanted = [i for i, ref in enumerate(push.deltas) if based and ref is not None]
         deltas: list[Delta] = ray.get([push.deltas[i] for i in wanted])
@@ -125,6 +130,6 @@ class HeldBuckets:
         for i, bucket in zip(whole, fetched, strict=True):
             built[i] = bucket
             moved += bucket.data.nbytes
-        self.buckets = [built[i] for i in range(len(push.full))]
-        self.version = push.version
-        return moved
+        buckets = [built[i] for i in range(len(push.full))]
+        self.buckets, self.version = (buckets, push.version) if push.keep else ([], None)
+        return buckets, moved
