@@ -10,12 +10,16 @@ beside it, one and several.
 - with `--broadcast`, each count of engines twice more, over
   `engines.weight_sync = "broadcast"` (a gloo group of this process and the engines,
   the weights broadcast in buckets) to fp32 engines and to bf16 ones;
-- with `--ray N`, N engines as actors of a local Ray cluster, three ways: the same file
+- with `--ray N`, N engines as actors of a local Ray cluster, five ways: the same file
   push, and `engines.weight_sync = "object_store"` (buckets put in Ray's object store,
   each actor writing them to its own node's memory for its engine) to fp32 engines and to
-  bf16 ones (half the bytes).
+  bf16 ones (half the bytes), each whole and with `engines.weight_sync.delta` (after the
+  first push, each bucket's changed elements where they are smaller).
 
-Rounds are interleaved, so that noise from other work hits every kind alike.
+Each round starts with a real optimizer step of the trainer (AdamW at the default
+`optim.lr`, the main job's, on a synthetic batch of random tokens), so that no push sends
+the weights the last one did (which would make a delta trivially empty). Rounds are
+interleaved, so that noise from other work hits every kind alike.
 
     python benchmarks/weight_sync.py [--model smollm2-135m] [--rounds 5] [--engines 1 2]
         [--broadcast] [--ray 2] [--json out.json]
@@ -33,10 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import PreTrainedModel
 
 from reinforge.config import Config, load_config
-from reinforge.orchestrate.config import Resources, SpawnedEngines
+from reinforge.orchestrate.config import FileSync, ObjectStoreSync, Resources, SpawnedEngines
 from reinforge.orchestrate.engines import RemoteEngine
 from reinforge.orchestrate.ray_cluster import RayCluster
 from reinforge.orchestrate.weight_sync import CopiedWeights, WeightSync
@@ -54,27 +59,31 @@ class Kind:
     engines: int
     seconds: list[float] = field(default_factory=list)
     write_s: list[float] = field(default_factory=list)
-    bytes: int = 0
-    """Per round: the weights' size once per engine that loaded them."""
+    bytes: list[int] = field(default_factory=list)
+    """Per round: what the engines were sent (`Synced.bytes`)."""
 
     def summary(self) -> dict[str, Any]:
         median = statistics.median(self.seconds)
+        median_bytes = statistics.median(self.bytes)
         return {
             "engines": self.engines,
             "seconds": self.seconds,
             "median_s": median,
             "write_s": self.write_s,
             "bytes": self.bytes,
-            "effective_gib_per_s": self.bytes / median / 2**30,
+            "median_bytes": median_bytes,
+            "effective_gib_per_s": median_bytes / median / 2**30,
         }
 
 
 BROADCAST_KINDS = {"broadcast_fp32": "float32", "broadcast_bf16": "bfloat16"}
 
 RAY_KINDS = {
-    "file": (SpawnedEngines.model_fields["weight_sync"].default, "float32"),
-    "object_store_fp32": ("object_store", "float32"),
-    "object_store_bf16": ("object_store", "bfloat16"),
+    "file": (FileSync(), "float32"),
+    "object_store_fp32": (ObjectStoreSync(), "float32"),
+    "object_store_fp32_delta": (ObjectStoreSync(delta=True), "float32"),
+    "object_store_bf16": (ObjectStoreSync(), "bfloat16"),
+    "object_store_bf16_delta": (ObjectStoreSync(delta=True), "bfloat16"),
 }
 
 
@@ -116,23 +125,24 @@ async def measure(
             for kind, (transport, dtype) in RAY_KINDS.items():
                 name = f"ray_x{ray_count}_{kind}"
                 config = run_config(model_name, runs, name, f"engine.dtype={dtype}")
-                # three sets of engines on one machine's CPUs: each asks for a share of one
-                spawned = SpawnedEngines(
-                    count=ray_count, weight_sync=transport, resources=Resources(cpus=0.25)
-                )
+                # every set of engines on one machine's CPUs: all ask for one between them
+                share = Resources(cpus=1 / (len(RAY_KINDS) * ray_count))
+                spawned = SpawnedEngines(count=ray_count, weight_sync=transport, resources=share)
                 remotes[name] = await RemoteEngine.start(
                     config, trainer, 0, spawned, cluster.engines
                 )
                 kinds[name] = Kind(engines=ray_count)
         syncs: dict[str, WeightSync] = {"in_process_bf16_copy": CopiedWeights(copy)}
         syncs.update({name: remote.sync for name, remote in remotes.items()})
+        generator = torch.Generator().manual_seed(0)
         for version in range(1, rounds + 1):
+            optimizer_step(trainer, generator)
             for name, sync in syncs.items():
                 started = time.perf_counter()
                 synced = sync.push(trainer, version)
                 kinds[name].seconds.append(time.perf_counter() - started)
                 kinds[name].write_s.append(synced.write_s)
-                kinds[name].bytes = synced.bytes
+                kinds[name].bytes.append(synced.bytes)
     finally:
         copy.close()
         for remote in remotes.values():
@@ -140,6 +150,20 @@ async def measure(
         if cluster is not None:
             cluster.close()
     return kinds
+
+
+def optimizer_step(trainer: Trainer, generator: torch.Generator) -> None:
+    """One AdamW step of the trainer's own optimizer, its gradients clipped as the trainer
+    clips them, on a next-token loss over random tokens: weights that move as a step of the
+    main job moves them, not by a chosen amount."""
+    model = trainer.model
+    ids = torch.randint(model.config.vocab_size, (2, 64), generator=generator)
+    model.train()
+    model(input_ids=ids, labels=ids).loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), OptimConfig().grad_clip)
+    trainer.optimizer.step()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    model.eval()
 
 
 def main() -> None:
@@ -171,7 +195,7 @@ def main() -> None:
         write_s = statistics.median(row["write_s"])
         print(
             f"{name:32s} median {row['median_s']:.3f} s, writing {write_s:.3f} s; "
-            f"{row['bytes'] / 2**20:.0f} MiB loaded, {row['effective_gib_per_s']:.2f} GiB/s"
+            f"{row['median_bytes'] / 2**20:.1f} MiB sent, {row['effective_gib_per_s']:.2f} GiB/s"
         )
     print(f"{parameters / 1e6:.0f}M parameters, fp32 file {parameters * 4 / 2**20:.0f} MiB")
     if args.json:

@@ -5,7 +5,9 @@ engine over localhost. On a local Ray cluster with two engines of the tiny model
 from __future__ import annotations
 
 import asyncio
+import copy
 
+import httpx
 import pytest
 import torch
 
@@ -95,11 +97,85 @@ def test_the_object_store_casts_to_the_engines_dtype(tmp_path):
         with open_cluster(config) as cluster:
             engine = await open_engine(config, trainer, tokenizer, 0, cluster.engines)
             try:
+                with torch.no_grad():  # every element changes: no delta is smaller
+                    for p in model.parameters():
+                        p.add_(0.05 * torch.randn(p.shape))
                 return engine.sync.push(trainer, 1).bytes
             finally:
                 await engine.aclose()
 
     assert asyncio.run(push()) == 2 * sum(p.numel() * 2 for p in model.parameters())
+
+
+def greedy(url: str, version: int) -> tuple[list[int], torch.Tensor]:
+    """The engine at `url` (its /v1) decoding greedily as `version`: its tokens and the
+    log-probs it records for them."""
+    body = {"model": "tiny-random", "prompt": [5, 6, 7, 8], "max_tokens": 6, "logprobs": 0,
+            "temperature": 0.0}  # fmt: skip
+    choice = httpx.post(f"{url}/completions", json=body, timeout=60).json()["choices"][0]
+    assert choice["policy_versions"] == [version] * len(choice["token_ids"])
+    return choice["token_ids"], torch.tensor(choice["logprobs"]["token_logprobs"])
+
+
+def test_bf16_engines_take_the_changed_elements_after_the_first_push(tmp_path):
+    """Steps at the main job's learning rate change a few bf16 elements: with
+    `engines.weight_sync.delta`, after the first push the engines take those, not the
+    buckets, and sample exactly what an engine given the buckets whole does (engine 0
+    misses a push and rejoins whole; engine 1 takes the deltas)."""
+    require_extra("ray", "ray")
+    overrides = ["model.name=tiny-random", f"run.dir={tmp_path}", "cluster.backend=ray",
+                 "engines.kind=spawned", "engines.count=2",
+                 "engines.weight_sync.kind=object_store", "engines.weight_sync.delta=true",
+                 "engine.dtype=bfloat16"]  # fmt: skip
+    config = load_config(Config, None, overrides)
+    model, tokenizer = load_model("tiny-random")
+    trainer = Trainer(model, config.trainer, config.optim, total_steps=1)
+    full = sum(p.numel() * 2 for p in model.parameters())
+    generator = torch.Generator().manual_seed(0)
+
+    def step() -> None:
+        """What an Adam step at lr 1e-5 does: each weight moves by about the rate, which
+        changes about a tenth of tiny-random's bf16 elements (its weights are small)."""
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1e-5 * torch.randn(p.shape, generator=generator).sign())
+
+    def expected(tokens: list[int]) -> torch.Tensor:
+        half = copy.deepcopy(model).to(torch.bfloat16)
+        ids = torch.tensor([[5, 6, 7, 8, *tokens]])
+        with torch.no_grad():
+            logp = torch.log_softmax(half(input_ids=ids).logits[0, 3:-1].float(), dim=-1)
+        return logp.gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1)
+
+    def samples_alike(version: int) -> None:
+        (tokens, first), (again, second) = (greedy(url, version) for url in engine.sync.urls)
+        assert tokens == again and torch.equal(first, second)  # token-exact
+        torch.testing.assert_close(first, expected(tokens), rtol=0.0, atol=0.05)
+
+    async def pushes() -> None:
+        nonlocal engine
+        with open_cluster(config) as cluster:
+            engine = await open_engine(config, trainer, tokenizer, 0, cluster.engines)
+            try:
+                # the engines took the buckets whole as they joined (version 0)
+                step()
+                assert 0 < engine.sync.push(trainer, 1).bytes < 2 * full / 2
+                samples_alike(1)
+                assert engine.sync.push(trainer, 2).bytes == 0  # nothing changed
+                samples_alike(2)
+                engine.sync.leave(0)
+                step()
+                assert 0 < engine.sync.push(trainer, 3).bytes < full / 2
+                engine.sync.rejoin(0)  # the buckets of 3 whole
+                samples_alike(3)
+                step()
+                assert 0 < engine.sync.push(trainer, 4).bytes < 2 * full / 2
+                samples_alike(4)
+            finally:
+                await engine.aclose()
+
+    engine = None
+    asyncio.run(pushes())
 
 
 def test_the_object_store_is_refused_without_ray(tmp_path):

@@ -173,6 +173,14 @@ class ObjectStoreSync(Section):
     catches up from the last push kept there."""
 
     kind: Literal["object_store"] = "object_store"
+    delta: bool = False
+    """After the first push, send each bucket as its changed elements with a checksum of
+    the result where that is smaller, and an engine's actor builds the bucket on the one it
+    holds (a bucket that no delta makes smaller goes whole, as fp32 ones do). It moves a
+    small share of the bytes (bf16 at lr 1e-5: about 6%), but the driver compares every
+    element and both sides hash every bucket, on one CPU core each: on one machine it made
+    a SmolLM2-135M bf16 sync slower, not faster (benchmarks/README.md). Worth it where the
+    network out of the driver's node, not its CPU, is what a sync waits for."""
 
 
 class BroadcastSync(Section):

@@ -116,10 +116,12 @@ class SyncStats(Record):
     engines: int
     """Engines that took the new weights."""
     bytes: int
-    """The weights' size once per engine that loaded them; 0 when the engine shares the
-    trainer's weights (the optimizer step is the sync)."""
+    """What the engines that took the weights were sent, summed over them: the weights'
+    size each, or with `engines.weight_sync.delta` (object store) the changed elements of
+    each bucket an engine could build from them; 0 when the engine shares the trainer's weights
+    (the optimizer step is the sync)."""
     bytes_per_s: float
-    """`bytes` over `time.sync_s`: the effective bandwidth."""
+    """`bytes` over `time.sync_s`: what the sync moved per second of it."""
     write_s: float
     """The trainer writing the weights once for every engine (the file handoff); the rest
     of `time.sync_s` is the engines loading them, at once."""

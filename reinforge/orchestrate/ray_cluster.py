@@ -40,7 +40,12 @@ from safetensors.torch import save_file
 
 from reinforge.config import Config
 from reinforge.errors import UsageError
-from reinforge.orchestrate.config import BroadcastSync, Resources, SpawnedEngines
+from reinforge.orchestrate.config import (
+    BroadcastSync,
+    ObjectStoreSync,
+    Resources,
+    SpawnedEngines,
+)
 from reinforge.orchestrate.engine_processes import (
     START_S,
     STOP_S,
@@ -63,7 +68,12 @@ from reinforge.orchestrate.ray_actors import (
 )
 from reinforge.orchestrate.ray_logs import LogCopies
 from reinforge.orchestrate.ray_ranks import RayRanks
-from reinforge.orchestrate.ray_weights import ObjectStorePush, RayBroadcastPush
+from reinforge.orchestrate.ray_weights import (
+    HeldBuckets,
+    ObjectStorePush,
+    Push,
+    RayBroadcastPush,
+)
 from reinforge.orchestrate.weight_sync import (
     EngineGone,
     EngineLinks,
@@ -72,7 +82,7 @@ from reinforge.orchestrate.weight_sync import (
     post_to_engine,
     weights_folder,
 )
-from reinforge.policy.weight_buckets import Bucket, unpack
+from reinforge.policy.weight_buckets import unpack
 from reinforge.train.config import TrainerConfig
 
 if ray is not None:
@@ -216,6 +226,7 @@ class EngineActor:
         self.port = port or free_ports(1, self.host)[0]
         self.url = base_url(self.host, self.port)
         self.process: subprocess.Popen[bytes] | None = None
+        self.held = HeldBuckets()
 
     def node(self) -> str:
         return node_id()
@@ -270,25 +281,27 @@ class EngineActor:
         ) as http:
             return post_to_engine(http, route, body, what)
 
-    def take_weights(self, token: str, version: int, *buckets: Bucket) -> int:
-        """Weights that Ray brought to this node (once for all its engines) to this node's
-        engine: a file in the node's own memory, posted from the node's loopback address,
-        the only one `/v1/weights` takes weights from (a connection from it reaches the
-        node's own addresses; no other machine can have it). The version the engine then
-        serves."""
+    def take_weights(self, token: str, push: Push) -> tuple[int, int]:
+        """The weights of `push` to this node's engine: built from the deltas on the
+        buckets this actor holds, or pulled whole from the store where they do not apply
+        (`HeldBuckets`), then a file in the node's own memory, posted from the node's
+        loopback address, the only one `/v1/weights` takes weights from (a connection from
+        it reaches the node's own addresses; no other machine can have it). The version the
+        engine then serves, and the bytes the actor took from the store."""
+        buckets, moved = self.held.take(push)
         folder = weights_folder()
         headers = {"Authorization": f"Bearer {token}"}
         try:
             path = folder / "weights.safetensors"
             save_file(unpack(buckets), path)
-            body = {"path": str(path), "version": version}
+            body = {"path": str(path), "version": push.version}
             with httpx.Client(
                 base_url=self.url, headers=headers, timeout=600.0, transport=loopback(self.url)
             ) as http:
                 answer = post_to_engine(http, "/weights", body, "take the weights")
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-        return answer["policy_version"]
+        return answer["policy_version"], moved
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -328,6 +341,7 @@ class RayEngines:
         """Each engine's port once it has one: a restarted actor takes it again."""
         self._sync = spawned.weight_sync
         self._transport = spawned.weight_sync.kind
+        self._delta = isinstance(spawned.weight_sync, ObjectStoreSync) and spawned.weight_sync.delta
         self._dtype = getattr(torch, settings.engine.dtype)
         self._copies = LogCopies([self.log(i) for i in range(spawned.count)], self._now)
 
@@ -430,7 +444,7 @@ class RayEngines:
 
     def weight_sync(self) -> EngineLinks:
         if self._transport == "object_store":
-            return ObjectStorePush(self, self._dtype)
+            return ObjectStorePush(self, self._dtype, self._delta)
         if isinstance(self._sync, BroadcastSync):
             return RayBroadcastPush(self, self._dtype, self._sync.timeout_s)
         return FilePush(self.urls, self.token, supervised=True, relay=self.relay)
@@ -451,11 +465,11 @@ class RayEngines:
                 f"engine {index} did not {what} within {START_S + ANSWER_S:.0f} s (is its node up?)"
             ) from None
 
-    def give(self, indices: list[int], version: int, buckets: list[Any]) -> list[int | None]:
-        """Engines `indices` take `buckets` (object refs) as `version`, at once: each the
-        version it serves, or None for one that died (or whose actor did)."""
-        refs = [self._actors[i].take_weights.remote(self.token, version, *buckets) for i in indices]
-        served: list[int | None] = []
+    def give(self, indices: list[int], push: Push) -> list[tuple[int, int] | None]:
+        """Engines `indices` take `push`, at once: each the version it serves and the
+        bytes its actor took from the store, or None for one that died (or whose actor did)."""
+        refs = [self._actors[i].take_weights.remote(self.token, push) for i in indices]
+        served: list[tuple[int, int] | None] = []
         for ref in refs:  # each within its deadline: a hung node must not hang the push
             try:
                 served.append(ray.get(ref, timeout=START_S + ANSWER_S))

@@ -12,8 +12,9 @@ the other back. Its transports, by where the engine holds its weights:
 | `FilePush`      | `reinforge serve` processes              | one safetensors file each   |
 |                 |                                          | engine loads, at once       |
 | `ObjectStore-   | `reinforge serve` in Ray actors          | buckets in Ray's object     |
-| Push` (Ray,     | (`orchestrate/ray_cluster.py`)           | store, one copy per node    |
-| `ray_weights`)  |                                          |                             |
+| Push` (Ray,     | (`orchestrate/ray_cluster.py`)           | store, one copy per node;   |
+| `ray_weights`)  |                                          | with `delta`, after the     |
+|                 |                                          | first only changed elements |
 | `Broadcast-     | `reinforge serve` processes, of this     | buckets broadcast over a    |
 | Push` (`broad-  | machine or in Ray actors, in a gloo      | group of its own, copied in |
 | cast_weights`)  | group with the run's process             | as the next one lands       |
@@ -58,8 +59,10 @@ class Synced:
     seconds: float
     engines: int
     bytes: int
-    """The weights' size once per engine that took them; 0 when the engine shares the
-    trainer's weights (the optimizer step is the sync)."""
+    """What the engines that took the weights were sent, summed over them: the weights'
+    size each, or with `object_store`'s `delta` each bucket's changes where the engine could
+    build it from them (`ray_weights.py`); 0 when the engine shares the trainer's weights (the
+    optimizer step is the sync)."""
     write_s: float = 0.0
     """The trainer writing the weights once for every engine (the file handoff); the
     rest of `seconds` is the engines loading them, at once."""
