@@ -48,7 +48,7 @@ _PR_SET_PDEATHSIG = 1
 
 class EngineLauncher(Protocol):
     """The run's own engines as the loop and their supervisor see them, wherever they run:
-    processes of this machine (`EngineProcesses`) or Ray actors (`orchestrate/ray_cluster`)."""
+    processes of this machine (`EngineProcesses`) or Ray actors (`orchestrate/ray_engines`)."""
 
     urls: list[str]
     """Each engine's /v1 URL; an engine keeps its URL across restarts."""

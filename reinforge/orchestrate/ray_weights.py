@@ -35,7 +35,7 @@ except ImportError:  # a Ray run says so in one line (`RayCluster`)
     ray = None
 
 if TYPE_CHECKING:
-    from reinforge.orchestrate.ray_cluster import RayEngines
+    from reinforge.orchestrate.ray_engines import RayEngines
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ the other back. Its transports, by where the engine holds its weights:
 | `FilePush`      | `reinforge serve` processes              | one safetensors file each   |
 |                 |                                          | engine loads, at once       |
 | `ObjectStore-   | `reinforge serve` in Ray actors          | buckets in Ray's object     |
-| Push` (Ray,     | (`orchestrate/ray_cluster.py`)           | store, one copy per node;   |
+| Push` (Ray,     | (`orchestrate/ray_engines.py`)           | store, one copy per node;   |
 | `ray_weights`)  |                                          | with `delta`, after the     |
 |                 |                                          | first only changed elements |
 | `Broadcast-     | `reinforge serve` processes, of this     | buckets broadcast over a    |

@@ -1,0 +1,339 @@
+"""A Ray run's spawned engines (`cluster.backend = "ray"`): each in an actor that starts
+`reinforge serve` listening on its node's address, which the run reaches it at, and
+supervises nothing itself: the run's `Supervisor` sees it through `ended` and `restart`,
+as it sees local processes. An engine keeps its URL across restarts. It logs on its own
+node, and the run copies the log to its directory (`orchestrate/ray_logs.py`). Its actor
+relays the run's control posts (a push, a pause, a resume) to it over the node's loopback,
+the only source those routes take, so the run reaches engines on any machine."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import torch
+from safetensors.torch import save_file
+
+from reinforge.config import Config
+from reinforge.errors import UsageError
+from reinforge.orchestrate.config import BroadcastSync, ObjectStoreSync, SpawnedEngines
+from reinforge.orchestrate.engine_processes import (
+    START_S,
+    STOP_S,
+    base_url,
+    engine_settings,
+    exited_early,
+    free_ports,
+    settings_toml,
+    silent,
+    spawn,
+)
+from reinforge.orchestrate.ray_actors import ANSWER_S, ask, death, node_id, ray, reason, release
+from reinforge.orchestrate.ray_logs import LogCopies
+from reinforge.orchestrate.ray_weights import HeldBuckets, ObjectStorePush, Push, RayBroadcastPush
+from reinforge.orchestrate.weight_sync import (
+    EngineGone,
+    EngineLinks,
+    FilePush,
+    loopback,
+    post_to_engine,
+    weights_folder,
+)
+from reinforge.policy.weight_buckets import unpack
+
+if TYPE_CHECKING:
+    from reinforge.orchestrate.ray_cluster import RayCluster
+
+if ray is not None:
+    from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
+
+
+class EngineActor:
+    """One engine in a Ray actor: `reinforge serve` listening on the address of the
+    actor's node, at a port that stays its own across restarts, logging to the node's own
+    temp folder (`log_since` hands the log out; `orchestrate/ray_logs.py` copies it to the
+    run's node, then has `drop_log` delete it)."""
+
+    def __init__(self, settings: str, index: int, copy: str, port: int | None = None) -> None:
+        self.settings = settings
+        self.index = index
+        self.copy = Path(copy)
+        """The log's copy on the run's node: what error lines name."""
+        self.log = Path(tempfile.mkdtemp(prefix="reinforge-engine-")) / f"engine-{index}.log"
+        self.log.touch()
+        self.host = ray.util.get_node_ip_address()
+        self.port = port or free_ports(1, self.host)[0]
+        self.url = base_url(self.host, self.port)
+        self.process: subprocess.Popen[bytes] | None = None
+        self.held = HeldBuckets()
+
+    def node(self) -> str:
+        return node_id()
+
+    def start(self) -> str:
+        """The engine, answering; its /v1 URL."""
+        self.stop()
+        folder = Path(tempfile.mkdtemp(prefix="reinforge-engines-"))
+        try:  # the settings hold the token: private, and gone once the engine has read them
+            (folder / "serve.toml").write_text(self.settings)
+            self.process = spawn(folder / "serve.toml", self.port, self.log, self.host)
+            deadline = time.monotonic() + START_S
+            while not _answers(self.url):
+                code = self.process.poll()
+                if code is not None:
+                    raise UsageError(exited_early(self.index, code, self.log, self.copy))
+                if time.monotonic() > deadline:
+                    raise UsageError(silent(self.index, self.copy))
+                time.sleep(0.25)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return self.url
+
+    def log_since(self, offset: int, most: int) -> bytes:
+        """At most `most` bytes of the engine's log from byte `offset` on. Asked in a
+        concurrency group of its own, so that the log comes while the engine starts."""
+        with self.log.open("rb") as log:
+            log.seek(offset)
+            return log.read(most)
+
+    def drop_log(self, copied: int) -> bool:
+        """Whether the log's folder was deleted: only once the engine has stopped and the
+        run's node holds every byte of it (`copied`), so that nothing of it is lost. Asked
+        in the log's concurrency group."""
+        if self.process is None or self.process.poll() is None:
+            return False
+        if self.log.stat().st_size != copied:
+            return False
+        shutil.rmtree(self.log.parent)
+        return True
+
+    def returncode(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def post(self, token: str, route: str, body: dict[str, Any], what: str) -> dict[str, Any]:
+        """`route` posted to this node's engine from the node's loopback address, the only
+        source its control routes (pause, resume, weights) take: how the run reaches an
+        engine on another machine."""
+        headers = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(
+            base_url=self.url, headers=headers, timeout=600.0, transport=loopback(self.url)
+        ) as http:
+            return post_to_engine(http, route, body, what)
+
+    def take_weights(self, token: str, push: Push) -> tuple[int, int]:
+        """The weights of `push` to this node's engine: built from the deltas on the
+        buckets this actor holds, or pulled whole from the store where they do not apply
+        (`HeldBuckets`), then a file in the node's own memory, posted from the node's
+        loopback address, the only one `/v1/weights` takes weights from (a connection from
+        it reaches the node's own addresses; no other machine can have it). The version the
+        engine then serves, and the bytes the actor took from the store."""
+        buckets, moved = self.held.take(push)
+        folder = weights_folder()
+        headers = {"Authorization": f"Bearer {token}"}
+        try:
+            path = folder / "weights.safetensors"
+            save_file(unpack(buckets), path)
+            body = {"path": str(path), "version": push.version}
+            with httpx.Client(
+                base_url=self.url, headers=headers, timeout=600.0, transport=loopback(self.url)
+            ) as http:
+                answer = post_to_engine(http, "/weights", body, "take the weights")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return answer["policy_version"], moved
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=STOP_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url.removesuffix('/v1')}/health", timeout=5.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class _ActorLost(Exception):
+    """An engine's actor died or does not answer: its engine is lost with it. The message
+    says how, following "engine <index>"."""
+
+
+class RayEngines:
+    """The run's engines as Ray actors; the `EngineLauncher` of a Ray run."""
+
+    def __init__(self, cluster: RayCluster, config: Config, spawned: SpawnedEngines) -> None:
+        self.cluster = cluster
+        self.token = secrets.token_urlsafe(32)
+        self.logs = config.run_dir / "engines"
+        self.urls: list[str] = []
+        settings = engine_settings(config, self.token, gpu=spawned.resources.gpus > 0)
+        self._settings = settings_toml(settings)
+        self._group, self._options = cluster.place(spawned.resources, spawned.count, "engines")
+        self._actors: list[Any] = []
+        self._ports: list[int | None] = [None] * spawned.count
+        """Each engine's port once it has one: a restarted actor takes it again."""
+        self._sync = spawned.weight_sync
+        self._transport = spawned.weight_sync.kind
+        self._delta = isinstance(spawned.weight_sync, ObjectStoreSync) and spawned.weight_sync.delta
+        self._dtype = getattr(torch, settings.engine.dtype)
+        self._copies = LogCopies([self.log(i) for i in range(spawned.count)], self._now)
+
+    @classmethod
+    async def start(
+        cls, cluster: RayCluster, config: Config, spawned: SpawnedEngines
+    ) -> RayEngines:
+        """`spawned.count` engine actors, each answering."""
+        engines = cls(cluster, config, spawned)
+        engines.logs.mkdir(parents=True, exist_ok=True)
+        try:
+            for index in range(spawned.count):
+                engines._actors.append(engines._actor(index))
+            engines._copies.follow()
+            engines.urls = await asyncio.to_thread(engines._started, range(spawned.count))
+        except BaseException:
+            engines.stop()
+            raise
+        engines._ports = [httpx.URL(url).port for url in engines.urls]
+        return engines
+
+    def _actor(self, index: int) -> Any:
+        """Engine `index`'s actor, in its bundle, on its port once it has one."""
+        actor = ray.remote(concurrency_groups={"log": 1})(EngineActor)
+        actor = actor.options(**self._options[index])
+        handle = actor.remote(self._settings, index, str(self.log(index)), self._ports[index])
+        if self._transport == "file":
+            self.cluster.require_here(
+                ask(handle.node, f"engine {index}"),
+                f"engine {index}",
+                'engines.weight_sync = "file" loads the weights from a file of the run\'s node',
+            )
+        return handle
+
+    def _now(self) -> list[Any]:
+        """The engines' actors now: a copy, which a restart does not change under a reader."""
+        return list(self._actors)
+
+    def _started(self, indices: range | list[int]) -> list[str]:
+        refs = [self._actors[i].start.remote() for i in indices]
+        try:
+            return ray.get(refs, timeout=START_S + ANSWER_S)
+        except RayTaskError as error:
+            raise (error.cause if isinstance(error.cause, UsageError) else error) from None
+        except GetTimeoutError:
+            raise UsageError(
+                f"engines {list(indices)} did not answer within {START_S + ANSWER_S:.0f} s "
+                "of their start (is their node up?)"
+            ) from None
+        except RayActorError:
+            raise UsageError(
+                f"an actor of engines {list(indices)} died while starting its engine "
+                "(is its node up?)"
+            ) from None
+
+    async def ended(self, index: int) -> str | None:
+        """Asked without blocking the loop that runs every rollout."""
+        try:
+            code = await self._returncode(index)
+        except _ActorLost as lost:
+            return str(lost)
+        return None if code is None else f"exited with code {code}"
+
+    async def _returncode(self, index: int) -> int | None:
+        """Engine `index`'s exit code as its actor says (None while it runs); `_ActorLost`
+        should the actor have died or hang, the engine with it."""
+        answer = asyncio.wrap_future(self._actors[index].returncode.remote().future())
+        try:  # not `wait_for`: on Python 3.11 it swallows a cancel that meets the answer
+            async with asyncio.timeout(ANSWER_S):
+                return await answer
+        except TimeoutError:
+            how, why = "did not answer through", f"within {ANSWER_S:.0f} s (is its node up?)"
+        except ActorUnavailableError as error:  # Ray cannot reach it: lost, for all we know
+            how, why = "could not be reached through", f"({reason(error)})"
+        except RayActorError as error:
+            how, why = "died with", f"({reason(error)})"
+        raise _ActorLost(f"{how} its Ray actor on node {self._node(index)} {why}")
+
+    def _node(self, index: int) -> str:
+        """The address of engine `index`'s node: where it listens, as its actor said."""
+        return httpx.URL(self.urls[index]).host
+
+    async def restart(self, index: int) -> None:
+        """The engine again at its port: by its actor, or by a new one should the actor
+        have died with it."""
+        try:
+            await self._returncode(index)
+        except _ActorLost:
+            ray.kill(self._actors[index])
+            self._actors[index] = await asyncio.to_thread(self._actor, index)
+            # placed within a bound: a dead node's bundle waits for a node that never comes
+            who = f"engine {index} (on node {self._node(index)}), restarted by a new actor,"
+            await asyncio.to_thread(ask, self._actors[index].node, who)
+        (url,) = await asyncio.to_thread(self._started, [index])
+        if url != self.urls[index]:  # a new actor on another node: routed and synced by URL
+            raise UsageError(f"engine {index} came back at {url}, not {self.urls[index]}")
+
+    def log(self, index: int) -> Path:
+        return self.logs / f"engine-{index}.log"
+
+    def weight_sync(self) -> EngineLinks:
+        if self._transport == "object_store":
+            return ObjectStorePush(self, self._dtype, self._delta)
+        if isinstance(self._sync, BroadcastSync):
+            return RayBroadcastPush(self, self._dtype, self._sync.timeout_s)
+        return FilePush(self.urls, self.token, supervised=True, relay=self.relay)
+
+    def relay(self, index: int, route: str, body: dict[str, Any], what: str) -> dict[str, Any]:
+        """`route` posted to engine `index` by its actor, on the engine's node; a weight
+        load may take as long as a start. `EngineGone` should the actor be gone or silent."""
+        ref = self._actors[index].post.remote(self.token, route, body, what)
+        try:
+            return ray.get(ref, timeout=START_S + ANSWER_S)
+        except RayTaskError as error:
+            raise (error.cause if isinstance(error.cause, UsageError) else error) from None
+        except RayActorError as error:
+            gone = f"engine {index} did not {what}: its actor died {death(error)}"
+            raise EngineGone(gone) from None
+        except GetTimeoutError:
+            raise EngineGone(
+                f"engine {index} did not {what} within {START_S + ANSWER_S:.0f} s (is its node up?)"
+            ) from None
+
+    def give(self, indices: list[int], push: Push) -> list[tuple[int, int] | None]:
+        """Engines `indices` take `push`, at once: each the version it serves and the
+        bytes its actor took from the store, or None for one that died (or whose actor did)."""
+        refs = [self._actors[i].take_weights.remote(self.token, push) for i in indices]
+        served: list[tuple[int, int] | None] = []
+        for ref in refs:  # each within its deadline: a hung node must not hang the push
+            try:
+                served.append(ray.get(ref, timeout=START_S + ANSWER_S))
+            except RayTaskError as error:
+                if not isinstance(error.cause, EngineGone):
+                    raise (error.cause if isinstance(error.cause, UsageError) else error) from None
+                served.append(None)
+            except (RayActorError, GetTimeoutError):
+                served.append(None)
+        return served
+
+    def stop(self) -> None:
+        """Each engine stopped by its actor, then the actors and their placement."""
+        refs = [actor.stop.remote() for actor in self._actors]
+        ray.wait(refs, num_returns=len(refs), timeout=STOP_S + 5.0)
+        self._copies.close()
+        for actor in self._actors:
+            ray.kill(actor)
+        self._actors = []
+        release(self._group)
+        self._group = None
