@@ -14,7 +14,11 @@ beside it, one and several.
   push, and `engines.weight_sync = "object_store"` (buckets put in Ray's object store,
   each actor writing them to its own node's memory for its engine) to fp32 engines and to
   bf16 ones (half the bytes), each whole and with `engines.weight_sync.delta` (after the
-  first push, each bucket's changed elements where they are smaller).
+  first push, each bucket's changed elements where they are smaller);
+- with `--two-hosts` as well, the Ray sets on the two hosts of `tests/twohosts.py` (two
+  Ray nodes of this machine, each with its own address and, as root, its own /dev/shm):
+  this process on host A, the file push's engines on host A (as it needs), every other
+  set's on host B, and the broadcast too (fp32 and bf16, its store on host A's address).
 
 Each round starts with a real optimizer step of the trainer (AdamW at the default
 `optim.lr`, the main job's, on a synthetic batch of random tokens), so that no push sends
@@ -22,7 +26,7 @@ the weights the last one did (which would make a delta trivially empty). Rounds 
 interleaved, so that noise from other work hits every kind alike.
 
     python benchmarks/weight_sync.py [--model smollm2-135m] [--rounds 5] [--engines 1 2]
-        [--broadcast] [--ray 2] [--json out.json]
+        [--broadcast] [--ray 2 [--two-hosts]] [--json out.json]
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import argparse
 import asyncio
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -41,7 +47,13 @@ import torch
 from transformers import PreTrainedModel
 
 from reinforge.config import Config, load_config
-from reinforge.orchestrate.config import FileSync, ObjectStoreSync, Resources, SpawnedEngines
+from reinforge.orchestrate.config import (
+    BroadcastSync,
+    FileSync,
+    ObjectStoreSync,
+    Resources,
+    SpawnedEngines,
+)
 from reinforge.orchestrate.engines import RemoteEngine
 from reinforge.orchestrate.ray_cluster import RayCluster
 from reinforge.orchestrate.weight_sync import CopiedWeights, WeightSync
@@ -80,6 +92,8 @@ BROADCAST_KINDS = {"broadcast_fp32": "float32", "broadcast_bf16": "bfloat16"}
 
 RAY_KINDS = {
     "file": (FileSync(), "float32"),
+    "broadcast_fp32": (BroadcastSync(), "float32"),
+    "broadcast_bf16": (BroadcastSync(), "bfloat16"),
     "object_store_fp32": (ObjectStoreSync(), "float32"),
     "object_store_fp32_delta": (ObjectStoreSync(delta=True), "float32"),
     "object_store_bf16": (ObjectStoreSync(), "bfloat16"),
@@ -100,7 +114,9 @@ async def measure(
     runs: Path,
     ray_count: int | None,
     broadcast: bool,
+    address: str | None = None,
 ) -> dict[str, Kind]:
+    """`address`: the Ray sets on the two hosts whose cluster it is, else a local one."""
     sampler, tokenizer = load_model(model_name, "bfloat16")
     trainer = Trainer(trainer_model, TrainerConfig(), OptimConfig(), total_steps=1)
     copy = Engine(sampler, tokenizer, model_name, EngineConfig(dtype="bfloat16"))
@@ -121,12 +137,16 @@ async def measure(
                 remotes[name] = await RemoteEngine.start(config, trainer, 0, spawned)
                 kinds[name] = Kind(engines=count)
         if ray_count is not None:
-            cluster = RayCluster(run_config(model_name, runs, "ray", "cluster.backend=ray"))
+            joined = [f'cluster.address="{address}"'] if address else []
+            ray = run_config(model_name, runs, "ray", "cluster.backend=ray", *joined)
+            cluster = RayCluster(ray)
             for kind, (transport, dtype) in RAY_KINDS.items():
                 name = f"ray_x{ray_count}_{kind}"
-                config = run_config(model_name, runs, name, f"engine.dtype={dtype}")
-                # every set of engines on one machine's CPUs: all ask for one between them
-                share = Resources(cpus=1 / (len(RAY_KINDS) * ray_count))
+                config = run_config(model_name, runs, name, f"engine.dtype={dtype}", *joined)
+                # every set of engines on one machine's CPUs: all ask for one between them;
+                # on two hosts the file's on the driver's, the others on host B
+                host = {} if not address else {"host_a" if kind == "file" else "host_b": 1.0}
+                share = Resources(cpus=1 / (len(RAY_KINDS) * ray_count), custom=host)
                 spawned = SpawnedEngines(count=ray_count, weight_sync=transport, resources=share)
                 remotes[name] = await RemoteEngine.start(
                     config, trainer, 0, spawned, cluster.engines
@@ -173,8 +193,15 @@ def main() -> None:
     parser.add_argument("--engines", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--broadcast", action="store_true", help="also broadcast to them")
     parser.add_argument("--ray", type=int, help="also N engines on a local Ray cluster")
+    parser.add_argument("--two-hosts", action="store_true", help="the Ray sets on two hosts")
+    parser.add_argument("--address", help=argparse.SUPPRESS)  # host A's run of --two-hosts
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.two_hosts:
+        if args.ray is None:
+            parser.error("--two-hosts places the --ray N sets: give --ray")
+        on_two_hosts()
+        return
 
     trainer_model, _ = load_model(args.model, "float32")
     with tempfile.TemporaryDirectory() as runs:  # the engines' logs
@@ -187,6 +214,7 @@ def main() -> None:
                 Path(runs),
                 args.ray,
                 args.broadcast,
+                args.address,
             )
         )
     summary = {name: kind.summary() for name, kind in kinds.items()}
@@ -200,6 +228,19 @@ def main() -> None:
     print(f"{parameters / 1e6:.0f}M parameters, fp32 file {parameters * 4 / 2**20:.0f} MiB")
     if args.json:
         args.json.write_text(json.dumps({**summary, "parameters": parameters}, indent=2) + "\n")
+
+
+def on_two_hosts() -> None:
+    """This benchmark again, as a process of host A of two hosts made for it (room in each
+    host's memory for a real model's weights, its object store and its engines' files)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.twohosts import two_hosts
+
+    argv = [a for a in sys.argv[1:] if a != "--two-hosts"]
+    with two_hosts(memory_mib=4096) as hosts:
+        print(f"two hosts at {hosts.address} (own /dev/shm each: {hosts.isolated})", flush=True)
+        command = [sys.executable, str(Path(__file__).resolve()), *argv, "--address", hosts.address]
+        subprocess.run(hosts.on_a(command), check=True)
 
 
 if __name__ == "__main__":

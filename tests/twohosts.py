@@ -136,8 +136,10 @@ def can_isolate() -> bool:
 
 
 @contextmanager
-def two_hosts() -> Iterator[TwoHosts]:
-    """Hosts A and B, joined and ready; both stopped after, every process of each."""
+def two_hosts(memory_mib: int = 512) -> Iterator[TwoHosts]:
+    """Hosts A and B, joined and ready; both stopped after, every process of each. Each
+    host's /dev/shm (where isolated) holds `memory_mib`, its object store ~40% of it: room
+    for the tiny model's weights, more for a real model's (`benchmarks/weight_sync.py`)."""
     isolated = can_isolate()
     root = Path(tempfile.mkdtemp(prefix="rf-2h-"))  # short: Ray's sockets live under it
     port, client_port = free_ports(2)
@@ -145,10 +147,11 @@ def two_hosts() -> Iterator[TwoHosts]:
     try:
         head = ["--head", f"--port={port}", f"--ray-client-server-port={client_port}",
                 "--include-dashboard=false"]  # fmt: skip
-        hosts.append(_start("127.0.0.1", "host_a", head, root / "a", isolated))
+        hosts.append(_start("127.0.0.1", "host_a", head, root / "a", isolated, memory_mib))
         address = _head_address(hosts[0])
         _wait_for_nodes(address, 1, hosts)
-        hosts.append(_start("127.0.0.2", "host_b", [f"--address={address}"], root / "b", isolated))
+        joining = [f"--address={address}"]
+        hosts.append(_start("127.0.0.2", "host_b", joining, root / "b", isolated, memory_mib))
         _wait_for_nodes(address, 2, hosts)
         yield TwoHosts(address, hosts[0], hosts[1], isolated)
     finally:
@@ -157,15 +160,17 @@ def two_hosts() -> Iterator[TwoHosts]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _start(ip: str, resource: str, role: list[str], temp: Path, isolated: bool) -> Host:
+def _start(
+    ip: str, resource: str, role: list[str], temp: Path, isolated: bool, memory_mib: int
+) -> Host:
     (temp / "tmp").mkdir(parents=True)
     (agent_port,) = free_ports(1)
     argv = [*RAY, "start", "--block", *role, f"--node-ip-address={ip}",
             f"--resources={{\"{resource}\": 100, \"rank_slot\": 1}}", "--num-cpus=4",
-            "--object-store-memory=200000000", f"--temp-dir={temp}",
+            f"--object-store-memory={memory_mib * 400_000}", f"--temp-dir={temp}",
             f"--dashboard-agent-listen-port={agent_port}", "--disable-usage-stats"]  # fmt: skip
     if isolated:  # its own /dev/shm: a fresh tmpfs in a mount namespace of its own
-        mount = 'mount -t tmpfs -o size=512m,mode=1777 tmpfs /dev/shm && exec "$@"'
+        mount = f'mount -t tmpfs -o size={memory_mib}m,mode=1777 tmpfs /dev/shm && exec "$@"'
         argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", mount, "sh", *argv]
     log = temp / "node.log"
     # a cluster of tests: Ray would otherwise ask for the token of ~/.ray where one exists
