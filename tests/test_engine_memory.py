@@ -18,6 +18,7 @@ from torch import nn
 
 from reinforge.config import ServeConfig, load_config
 from reinforge.policy.backends import load_engine
+from reinforge.policy.cgroups import cgroup_folders
 from reinforge.policy.config import EngineConfig
 from reinforge.policy.engine import Engine
 from reinforge.policy.engine_thread import Completion, Sampled
@@ -28,6 +29,7 @@ from reinforge.policy.memory import (
     is_out_of_memory,
     kv_budget,
     kv_token_bytes,
+    memory_files,
 )
 from reinforge.policy.models import load_model
 from reinforge.policy.sampling import SamplingParams
@@ -210,17 +212,9 @@ def test_a_request_that_does_not_fit_now_waits_for_rows_to_leave(small_engine: E
 def plant_memory_limit(root: Path, limit: int, usage: int) -> None:
     """Memory limit and usage files where this process's own cgroup lines point, under
     `root`, for either cgroup version."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        hierarchy, controllers, path = line.split(":", 2)
-        if hierarchy == "0":
-            folder, names = root / path.lstrip("/"), ("memory.max", "memory.current")
-        elif "memory" in controllers.split(","):
-            folder = root / controllers / path.lstrip("/")
-            names = ("memory.limit_in_bytes", "memory.usage_in_bytes")
-        else:
-            continue
+    for folder, v2 in cgroup_folders("memory", root):
         folder.mkdir(parents=True, exist_ok=True)
-        for name, value in zip(names, (limit, usage), strict=True):
+        for name, value in zip(memory_files(v2), (limit, usage), strict=True):
             (folder / name).write_text(f"{value}\n")
 
 

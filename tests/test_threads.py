@@ -10,19 +10,16 @@ from pathlib import Path
 import torch
 
 from reinforge.policy import threads
+from reinforge.policy.cgroups import cgroup_folders
 
 
 def plant_quota(root: Path, v2: str, v1: tuple[str, str]) -> None:
     """The quota files where this process's own cgroup lines point, under `root`."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        hierarchy, controllers, path = line.split(":", 2)
-        if hierarchy == "0":
-            folder = root / path.lstrip("/")
-            folder.mkdir(parents=True, exist_ok=True)
+    for folder, unified in cgroup_folders("cpu", root):
+        folder.mkdir(parents=True, exist_ok=True)
+        if unified:
             (folder / "cpu.max").write_text(v2 + "\n")
-        elif "cpu" in controllers.split(","):
-            folder = root / controllers / path.lstrip("/")
-            folder.mkdir(parents=True, exist_ok=True)
+        else:
             (folder / "cpu.cfs_quota_us").write_text(v1[0] + "\n")
             (folder / "cpu.cfs_period_us").write_text(v1[1] + "\n")
 

@@ -21,8 +21,8 @@ from typing import TypeVar
 import torch
 from transformers import PretrainedConfig
 
+from reinforge.policy.cgroups import CGROUP_ROOT, cgroup_folders, read
 from reinforge.policy.engine_thread import Request, fail_requests
-from reinforge.policy.threads import CGROUP_ROOT
 
 FRACTION_KEY = "engine.kv_memory_fraction"
 R = TypeVar("R", bound=Request)
@@ -85,19 +85,20 @@ def cgroup_memory_left(root: Path = CGROUP_ROOT) -> int | None:
     """Bytes the process's cgroup may still use (`memory.max` less `memory.current` in
     cgroup v2, the v1 limit less its usage), or None where none is set (v1 writes "no
     limit" as a huge number, which caps nothing)."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        hierarchy, controllers, path = line.split(":", 2)
-        if hierarchy == "0":
-            folder, names = root / path.lstrip("/"), ("memory.max", "memory.current")
-        elif "memory" in controllers.split(","):
-            folder = root / controllers / path.lstrip("/")
-            names = ("memory.limit_in_bytes", "memory.usage_in_bytes")
-        else:
-            continue
-        limit, usage = (_read_int(folder / name) for name in names)
+    for folder, v2 in cgroup_folders("memory", root):
+        limit, usage = (_read_int(folder / name) for name in memory_files(v2))
         if limit is not None and usage is not None:
             return limit - usage
     return None
+
+
+def memory_files(v2: bool) -> tuple[str, str]:
+    """A cgroup's memory limit and usage files, in cgroup v2 or v1."""
+    return (
+        ("memory.max", "memory.current")
+        if v2
+        else ("memory.limit_in_bytes", "memory.usage_in_bytes")
+    )
 
 
 def _mem_available() -> int:
@@ -109,11 +110,8 @@ def _mem_available() -> int:
 
 def _read_int(path: Path) -> int | None:
     """The number in a cgroup file; None where it is absent or says "max"."""
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
+    text = read(path)
+    return int(text) if text is not None and text.isdigit() else None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import math
 import os
 from pathlib import Path
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
+from reinforge.policy.cgroups import CGROUP_ROOT, cgroup_folders, read
 
 
 def usable_cpus() -> int:
@@ -25,29 +25,20 @@ def usable_cpus() -> int:
 def cgroup_cpu_quota(root: Path = CGROUP_ROOT) -> float | None:
     """CPUs' worth of time the process's cgroup may use (`cpu.max` in cgroup v2, the CFS
     quota in v1), or None without a limit."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        hierarchy, controllers, path = line.split(":", 2)
-        if hierarchy == "0":  # v2: quota / period, or "max"
-            limit = _read(root / path.lstrip("/") / "cpu.max")
+    for folder, v2 in cgroup_folders("cpu", root):
+        if v2:  # quota / period, or "max"
+            limit = read(folder / "cpu.max")
             if limit is not None and not limit.startswith("max"):
                 quota, period = limit.split()
                 return int(quota) / int(period)
-        elif "cpu" in controllers.split(","):  # v1
-            folder = root / controllers / path.lstrip("/")
+        else:
             quota_text, period_text = (
-                _read(folder / "cpu.cfs_quota_us"),
-                _read(folder / "cpu.cfs_period_us"),
+                read(folder / "cpu.cfs_quota_us"),
+                read(folder / "cpu.cfs_period_us"),
             )
             if quota_text and period_text and int(quota_text) > 0:
                 return int(quota_text) / int(period_text)
     return None
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
 
 
 def apply_threads(asked: int | None) -> str:
