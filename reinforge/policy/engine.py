@@ -104,6 +104,9 @@ class Engine(EngineThread):
         model, tokenizer = load_model(spec, config.dtype_on(device.type == "cuda"))
         return cls(model.to(device), tokenizer, spec, config)
 
+    def _refusal(self, request: _Request) -> BaseException | None:
+        return self.kv_budget.oversized(request)
+
     # -- public API ---------------------------------------------------------------------
 
     async def prompt_logprobs(self, token_ids: list[int], top_logprobs: int = 0) -> PromptLogprobs:
@@ -181,7 +184,6 @@ class Engine(EngineThread):
             if not open_:
                 fail_requests([*batch.requests, *waiting], RuntimeError("engine closed"))
                 return
-            waiting = self.kv_budget.fail_oversized(waiting)
             room = self.config.max_batch - len(batch.requests)
             arrivals: list[_Request] = []
             if self.config.admit.admits(len(waiting), room, len(batch.requests), waited_steps):

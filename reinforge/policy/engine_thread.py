@@ -129,8 +129,17 @@ class EngineThread:
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
         request = self.request_type(list(prompt_ids), params, Future(), on_tokens)
-        self._inbox.put(request)
+        refused = self._refusal(request)
+        if refused is None:
+            self._inbox.put(request)
+        else:
+            request.future.set_exception(refused)
         return request.future
+
+    def _refusal(self, request: Any) -> BaseException | None:
+        """Why `request` could never be answered, known before it queues (it then fails at
+        once, never reaching the engine's loop); None for most."""
+        return None
 
     async def generate(
         self,

@@ -16,16 +16,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import torch
 from transformers import PretrainedConfig
 
 from reinforge.policy.cgroups import CGROUP_ROOT, cgroup_folders, read
-from reinforge.policy.engine_thread import Request, fail_requests
+from reinforge.policy.engine_thread import Request
 
 FRACTION_KEY = "engine.kv_memory_fraction"
-R = TypeVar("R", bound=Request)
 
 
 class OutOfMemory(RuntimeError):
@@ -139,23 +137,18 @@ class KvBudget:
                 return taken
         return len(waiting)
 
-    def fail_oversized(self, waiting: list[R]) -> list[R]:
-        """Fail at once the requests that cannot fit even alone; the others."""
-        fitting = []
-        for request in waiting:
-            final = self.final_length(request)
-            if final * self.token_bytes <= self.max_bytes:
-                fitting.append(request)
-                continue
-            message = (
-                f"the request needs the KV states of {final} tokens (a prompt of "
-                f"{len(request.prompt_ids)} and max_tokens {request.params.max_tokens}), "
-                f"{_size(final * self.token_bytes)}, more than the engine's KV budget of "
-                f"{_size(self.max_bytes)} ({FRACTION_KEY} of the memory free when it "
-                "started): ask for fewer tokens or raise the fraction"
-            )
-            fail_requests([request], OutOfMemory(message))
-        return fitting
+    def oversized(self, request: Request) -> OutOfMemory | None:
+        """Why `request` can never join the batch, even alone; None if it can."""
+        final = self.final_length(request)
+        if final * self.token_bytes <= self.max_bytes:
+            return None
+        return OutOfMemory(
+            f"the request needs the KV states of {final} tokens (a prompt of "
+            f"{len(request.prompt_ids)} and max_tokens {request.params.max_tokens}), "
+            f"{_size(final * self.token_bytes)}, more than the engine's KV budget of "
+            f"{_size(self.max_bytes)} ({FRACTION_KEY} of the memory free when it "
+            "started): ask for fewer tokens or raise the fraction"
+        )
 
 
 def _size(size: int) -> str:
