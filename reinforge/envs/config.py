@@ -1,7 +1,8 @@
 """The environment's config section: which environment, its loader's arguments, and the
 per-turn limits of its harness, which every environment has and runs change most often.
 What a run adds to any environment (reasoning levels, harness augmentation, a loop penalty,
-judged criteria, a conciseness bonus) extends it in `reinforge/envs/recipes/config.py`."""
+judged criteria, a conciseness bonus) extends it in the recipes annex, which imports this
+module (never the reverse)."""
 
 from __future__ import annotations
 

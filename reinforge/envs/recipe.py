@@ -5,7 +5,8 @@ The rollout generator runs the harness's recipes around every rollout alike: eac
 what the rollout gets before it starts, prepares the fresh episode with it and records it
 on the trajectory; `Environment.add_recipes` adds their reward terms after the
 environment's own. This protocol is all the environment API knows of them: the recipes
-that a run's `env` section asks for are built in `reinforge/envs/recipes/`.
+that a run's `env` section asks for are built by the recipes annex, which imports this
+protocol.
 """
 
 from __future__ import annotations

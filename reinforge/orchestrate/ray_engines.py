@@ -23,7 +23,12 @@ from safetensors.torch import save_file
 
 from reinforge.config import Config
 from reinforge.errors import UsageError
-from reinforge.orchestrate.config import BroadcastSync, ObjectStoreSync, SpawnedEngines
+from reinforge.orchestrate.config import (
+    BroadcastSync,
+    FileSync,
+    ObjectStoreSync,
+    SpawnedEngines,
+)
 from reinforge.orchestrate.engine_processes import (
     START_S,
     STOP_S,
@@ -130,21 +135,16 @@ class EngineActor:
     def take_weights(self, token: str, push: Push) -> tuple[int, int]:
         """The weights of `push` to this node's engine: built from the deltas on the
         buckets this actor holds, or pulled whole from the store where they do not apply
-        (`HeldBuckets`), then a file in the node's own memory, posted from the node's
-        loopback address, the only one `/v1/weights` takes weights from (a connection from
-        it reaches the node's own addresses; no other machine can have it). The version the
-        engine then serves, and the bytes the actor took from the store."""
+        (`HeldBuckets`), then a file in the node's own memory, posted as any control is
+        (`post`). The version the engine then serves, and the bytes the actor took from the
+        store."""
         buckets, moved = self.held.take(push)
         folder = weights_folder()
-        headers = {"Authorization": f"Bearer {token}"}
         try:
             path = folder / "weights.safetensors"
             save_file(unpack(buckets), path)
             body = {"path": str(path), "version": push.version}
-            with httpx.Client(
-                base_url=self.url, headers=headers, timeout=600.0, transport=loopback(self.url)
-            ) as http:
-                answer = post_to_engine(http, "/weights", body, "take the weights")
+            answer = self.post(token, "/weights", body, "take the weights")
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         return answer["policy_version"], moved
@@ -186,8 +186,6 @@ class RayEngines:
         self._ports: list[int | None] = [None] * spawned.count
         """Each engine's port once it has one: a restarted actor takes it again."""
         self._sync = spawned.weight_sync
-        self._transport = spawned.weight_sync.kind
-        self._delta = isinstance(spawned.weight_sync, ObjectStoreSync) and spawned.weight_sync.delta
         self._dtype = getattr(torch, settings.engine.dtype)
         self._copies = LogCopies([self.log(i) for i in range(spawned.count)], self._now)
 
@@ -214,7 +212,7 @@ class RayEngines:
         actor = ray.remote(concurrency_groups={"log": 1})(EngineActor)
         actor = actor.options(**self._options[index])
         handle = actor.remote(self._settings, index, str(self.log(index)), self._ports[index])
-        if self._transport == "file":
+        if isinstance(self._sync, FileSync):
             self.cluster.require_here(
                 ask(handle.node, f"engine {index}"),
                 f"engine {index}",
@@ -289,8 +287,8 @@ class RayEngines:
         return self.logs / f"engine-{index}.log"
 
     def weight_sync(self) -> EngineLinks:
-        if self._transport == "object_store":
-            return ObjectStorePush(self, self._dtype, self._delta)
+        if isinstance(self._sync, ObjectStoreSync):
+            return ObjectStorePush(self, self._dtype, self._sync.delta)
         if isinstance(self._sync, BroadcastSync):
             return RayBroadcastPush(self, self._dtype, self._sync.timeout_s)
         return FilePush(self.urls, self.token, supervised=True, relay=self.relay)
