@@ -10,15 +10,16 @@ beside it, one and several.
 - with `--broadcast`, each count of engines twice more, over
   `engines.weight_sync = "broadcast"` (a gloo group of this process and the engines,
   the weights broadcast in buckets) to fp32 engines and to bf16 ones;
-- with `--ray N`, N engines as actors of a local Ray cluster, five ways: the same file
-  push, and `engines.weight_sync = "object_store"` (buckets put in Ray's object store,
-  each actor writing them to its own node's memory for its engine) to fp32 engines and to
-  bf16 ones (half the bytes), each whole and with `engines.weight_sync.delta` (after the
-  first push, each bucket's changed elements where they are smaller);
+- with `--ray N`, N engines as actors of a local Ray cluster, seven ways: the same file
+  push; `engines.weight_sync = "broadcast"` to fp32 and to bf16 engines (the group's
+  control through each engine's actor); and `"object_store"` (buckets put in Ray's object
+  store, each actor writing them to its own node's memory for its engine) to fp32 engines
+  and to bf16 ones (half the bytes), each whole and with `engines.weight_sync.delta`
+  (after the first push, each bucket's changed elements where they are smaller);
 - with `--two-hosts` as well, the Ray sets on the two hosts of `tests/twohosts.py` (two
   Ray nodes of this machine, each with its own address and, as root, its own /dev/shm):
   this process on host A, the file push's engines on host A (as it needs), every other
-  set's on host B, and the broadcast too (fp32 and bf16, its store on host A's address).
+  set's on host B (the broadcast's store on host A's address).
 
 Each round starts with a real optimizer step of the trainer (AdamW at the default
 `optim.lr`, the main job's, on a synthetic batch of random tokens), so that no push sends
