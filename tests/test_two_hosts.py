@@ -280,6 +280,48 @@ def test_losing_host_b_ends_the_run_in_one_line(tmp_path, fault):
     assert "(is its node up?)" in last or "(Ray: " in last, stderr[-3000:]
 
 
+@pytest.mark.timeout(1800)
+def test_trainer_ranks_on_a_frozen_host_b_end_the_run_in_one_line(tmp_path):
+    """Both trainer ranks on host B, the engine on host A; host B stopped (SIGSTOP) once
+    step 1 is recorded: its ranks neither answer nor die, their sockets stay open, and the
+    driver's next call to them must not wait for ever. It ends with one line naming a rank
+    and host B, and exit code 2, within the subprocess's timeout. Its own two hosts, as
+    losing host B above."""
+    require_extra("ray", "ray")
+    release = tmp_path / "release"
+    with two_hosts() as hosts:
+        argv = tiny_train(
+            tmp_path,
+            "run.steps=4",
+            "cluster.backend=ray",
+            f'cluster.address="{hosts.address}"',
+            "trainer.world_size=2",
+            "cluster.rank.custom={host_b=1}",
+            "engines.kind=spawned",
+            "engines.count=1",
+            "engines.resources.custom={host_a=1}",
+            f"env.name={RELEASE_ENV}",
+            f"env.args.release={str(release)!r}",
+        )
+        run = subprocess.Popen(
+            hosts.on_a(argv), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        try:
+            _stepped(run, tmp_path / "r")
+            hosts.b.freeze()
+            release.touch()  # the next steps train: on the frozen ranks
+            _, stderr = run.communicate(timeout=900)
+        finally:
+            run.kill()
+            hosts.b.thaw()
+    assert run.returncode == 2, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert re.match(r"reinforge train: error: trainer rank [01] ", last), last
+    assert hosts.b.ip in last, stderr[-3000:]
+
+
 def _watching_ranks(hosts: TwoHosts, argv: list[str], logs: Path) -> tuple[int, str, set[str]]:
     """`argv` run on host A to its end: its exit code, its stderr, and the hosts ("a",
     "b") on which a trainer rank's actor was seen running meanwhile."""
