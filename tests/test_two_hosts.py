@@ -345,19 +345,26 @@ def _why(err: str, run: Path) -> str:
     return err[-3000:] + (log.read_text()[-3000:] if log.exists() else "")
 
 
+BY_VALUE = "reinforge: the trainer ranks do not see "
+"""The driver's line when checkpoints go through it, the ranks not seeing the run
+directory."""
+
+
 @pytest.mark.timeout(1800)
-def test_trainer_ranks_on_host_b_train_checkpoint_and_resume_without_the_run_directory(
-    hosts, tmp_path
-):
+@pytest.mark.parametrize("storage", ["host_a_memory", "shared_disk"])
+def test_trainer_ranks_on_host_b_train_checkpoint_and_resume(hosts, tmp_path, storage):
     """Both ranks of a sharded trainer pinned to host B, the driver and its engine on host
-    A, the run directory in host A's own memory where host B cannot see it: rank 0 sends
-    the weights and each checkpoint's model to the driver, which writes them, and on
-    `--resume` the driver reads the checkpoint and sends it to the ranks, which go on from
-    it: the engine samples step 3 with the step-2 checkpoint's weights."""
+    A. With the run directory in host A's own memory, where host B cannot see it, rank 0
+    sends the weights and each checkpoint's model to the driver, which writes them, and on
+    `--resume` the driver reads the checkpoint and sends it to the ranks, as it says once.
+    With it on a disk both hosts mount (the machine's), the ranks find that they see it
+    and read and write the checkpoints themselves. Either way they go on from it: the
+    engine samples step 3 with the step-2 checkpoint's weights."""
     name = f"rf-ranks-{os.getpid()}"
-    run_dir = Path("/dev/shm", name) if hosts.isolated else tmp_path / name
+    apart = storage == "host_a_memory" and hosts.isolated
+    run_dir = Path("/dev/shm", name) if apart else tmp_path / name
     # as this process sees it; host A's /dev/shm goes with the fixture
-    seen_at = hosts.a.shm / name if hosts.isolated else run_dir
+    seen_at = hosts.a.shm / name if apart else run_dir
     common = [
         "run.checkpoint_every=1",
         "cluster.backend=ray",
@@ -371,11 +378,13 @@ def test_trainer_ranks_on_host_b_train_checkpoint_and_resume_without_the_run_dir
     code, err, seen = _watching_ranks(hosts, tiny_train(run_dir, "run.steps=2", *common), tmp_path)
     assert code == 0, _why(err, seen_at / "r")
     assert seen == {"b"}
+    assert (BY_VALUE in err) == apart, err[-3000:]
     code, err, seen = _watching_ranks(
         hosts, tiny_train(run_dir, "run.steps=3", *common, "--resume"), tmp_path
     )
     assert code == 0, _why(err, seen_at / "r")
     assert seen == {"b"}
+    assert (BY_VALUE in err) == apart, err[-3000:]
 
     run = seen_at / "r"
     assert [row["policy_version"] for row in _rows(run)] == [1, 2, 3]
@@ -386,8 +395,9 @@ def test_trainer_ranks_on_host_b_train_checkpoint_and_resume_without_the_run_dir
         assert set(trajectory["policy_versions"]) == {2}
         _assert_sampled_by(trajectory, model)
     AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_00003")
+    assert not list(run.rglob(".reinforge-probe-*"))  # each probe gone once read
 
-    if not hosts.isolated:
+    if storage == "host_a_memory" and not hosts.isolated:
         pytest.skip("this machine gives its nodes no /dev/shm of their own (needs root)")
     assert not (hosts.b.shm / name).exists()  # nothing was written by its path on B
 

@@ -1,15 +1,17 @@
 """A sharded trainer's ranks as Ray actors (`cluster.backend = "ray"`): each joins the
 process group, its rendezvous at rank 0's node, and holds its `RankTrainer`; a call goes to
 every actor and the first failure ends them all, as with `LocalRanks`. Ranks go wherever
-`cluster.rank` places them; `here` tells `TrainerRanks` whether they may use the driver's
-files by their paths."""
+`cluster.rank` places them; `sees` tells `TrainerRanks` whether they may use the driver's
+files in a folder by their paths."""
 
 from __future__ import annotations
 
+import secrets
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reinforge.orchestrate.engine_processes import free_ports
-from reinforge.orchestrate.ray_actors import ask, death, node_id, ray, release
+from reinforge.orchestrate.ray_actors import ask, death, ray, release
 from reinforge.train.config import TrainerConfig
 from reinforge.train.ranks import RankFailed, failure_line, join_group
 
@@ -22,9 +24,6 @@ if ray is not None:
 
 class RankActor:
     """One trainer rank in a Ray actor: joins the group, holds the factory's object."""
-
-    def node(self) -> str:
-        return node_id()
 
     def rendezvous(self) -> str:
         """A TCP rendezvous at this actor's node: rank 0's."""
@@ -39,6 +38,13 @@ class RankActor:
     def call(self, method: str, *args: Any) -> Any:
         return getattr(self.target, method)(*args)
 
+    def read(self, path: str) -> str | None:
+        """The text of the file at `path` on this rank's node; None where there is none."""
+        try:
+            return Path(path).read_text()
+        except OSError:
+            return None
+
 
 class RayRanks:
     """`trainer.world_size` rank actors; the `Ranks` of a Ray run."""
@@ -50,9 +56,8 @@ class RayRanks:
         self._group, options = cluster.place(resources, config.world_size, "trainer ranks")
         actor = ray.remote(RankActor)
         self._actors = [actor.options(**option).remote() for option in options]
+        self._seen: dict[Path, bool] = {}
         try:
-            nodes = {ask(a.node, f"trainer rank {r}") for r, a in enumerate(self._actors)}
-            self.here = nodes == {cluster.node}
             init_method = ask(self._actors[0].rendezvous, "trainer rank 0")
             self._wait(
                 [
@@ -64,9 +69,27 @@ class RayRanks:
             self.stop()
             raise
 
+    def sees(self, folder: Path) -> bool:
+        """Whether every rank reads back a file this process writes in `folder`, holding a
+        fresh nonce: the driver's node, or storage they all mount at that path. A file of
+        the same name on another machine does not pass for it. Asked once per folder."""
+        if folder not in self._seen:
+            nonce = secrets.token_hex(16)
+            probe = folder / f".reinforge-probe-{nonce}"
+            probe.write_text(nonce)
+            try:
+                read = self._answers([actor.read.remote(str(probe)) for actor in self._actors])
+            finally:
+                probe.unlink(missing_ok=True)
+            self._seen[folder] = read == [nonce] * len(read)
+        return self._seen[folder]
+
     def call(self, method: str, *args: Any) -> list[Any]:
         shared = [ray.put(arg) for arg in args]  # once, not once per rank (a batch)
-        refs = [actor.call.remote(method, *shared) for actor in self._actors]
+        return self._answers([actor.call.remote(method, *shared) for actor in self._actors])
+
+    def _answers(self, refs: list[Any]) -> list[Any]:
+        """`_wait`, the ranks stopped should one fail."""
         try:
             return self._wait(refs)
         except BaseException:

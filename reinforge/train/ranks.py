@@ -42,9 +42,11 @@ class RankFailed(UsageError):
 class Ranks(Protocol):
     """`world_size` ranks, each holding the object its `factory(rank, ...)` made."""
 
-    here: bool
-    """Whether every rank runs on the driving process's node, so that the ranks may read
-    and write the driver's files by their paths."""
+    def sees(self, folder: Path) -> bool:
+        """Whether every rank sees `folder` as the driving process does (the same machine,
+        or storage they all mount at that path), so that the ranks may read and write the
+        driver's files there by their paths."""
+        ...
 
     def call(self, method: str, *args: Any) -> list[Any]:
         """`method(*args)` of every rank's object at once; the answers in rank order, or
@@ -72,8 +74,6 @@ class LocalRanks:
     """The ranks as processes of this machine, each building its object after joining the
     group; they end with `stop`, and on their own should this process die (their pipe to it
     closes)."""
-
-    here = True
 
     def __init__(self, config: TrainerConfig, factory: Callable[..., object], *args: Any) -> None:
         if torch.cuda.is_available() and config.world_size > torch.cuda.device_count():
@@ -103,6 +103,10 @@ class LocalRanks:
         except BaseException:
             self.stop(wait_s=0.0)
             raise
+
+    def sees(self, folder: Path) -> bool:
+        """Processes of this machine: they see all it does."""
+        return True
 
     def call(self, method: str, *args: Any) -> list[Any]:
         try:

@@ -13,6 +13,7 @@ the step is that of one process, to float rounding in the order of the sums. Pin
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -310,21 +311,24 @@ class TrainerRanks:
     """A sharded trainer, driven from the run's process: each call runs on every rank (a
     round of collectives) and answers with rank 0's result, which is the whole batch's.
 
-    Where every rank runs on the driver's node (`Ranks.here`), the ranks read and write the
-    driver's files by their paths (the engines' weights file, a checkpoint). Elsewhere they
-    send what they write (rank 0 the weights and the model, each rank its shard of the
-    optimizer state) and the driver writes it, and a checkpoint to resume from is read by
-    the driver and sent to every rank: ranks on other machines need no storage shared with
-    the driver."""
+    Where every rank sees a folder as the driver does (`Ranks.sees`: the driver's machine,
+    or storage they all mount at the same path), the ranks read and write the driver's
+    files there by their paths (the engines' weights file, a checkpoint, each rank its
+    own optimizer shard). Elsewhere they send what they write (rank 0 the weights and the
+    model, each rank its shard of the optimizer state) and the driver writes it, and a
+    checkpoint to resume from is read by the driver and sent to every rank: ranks on other
+    machines need no storage shared with the driver, though every node then takes the
+    whole checkpoint."""
 
     def __init__(self, ranks: Ranks) -> None:
         self.ranks = ranks
+        self._told = False
 
     def step(self, batch: TrainBatch) -> TrainStats:
         return self.ranks.call("step", batch)[0]
 
     def write_weights(self, path: Path) -> None:
-        if self.ranks.here:
+        if self.ranks.sees(path.parent):
             self.ranks.call("write_weights", path)
         else:
             save_file(self.weights(), path)
@@ -334,13 +338,14 @@ class TrainerRanks:
         return self.ranks.call("weights")[0]
 
     def save_model(self, folder: Path) -> None:
-        if self.ranks.here:
+        if self._sees(folder):
             self.ranks.call("save_model", folder)
         else:
             write_files(folder, self.ranks.call("model_files")[0])
 
     def save_optimizer(self, folder: Path) -> None:
-        if self.ranks.here:
+        folder.mkdir(parents=True, exist_ok=True)
+        if self._sees(folder):
             self.ranks.call("save_optimizer", folder)
             return
         for files in self.ranks.call("optimizer_files"):
@@ -348,10 +353,23 @@ class TrainerRanks:
 
     def resume(self, checkpoint: Path) -> None:
         """Every rank as `checkpoint` left it."""
-        if self.ranks.here:
+        if self._sees(checkpoint):
             self.ranks.call("resume", checkpoint)
         else:
             self.ranks.call("resume_from_files", read_files(checkpoint))
+
+    def _sees(self, folder: Path) -> bool:
+        """`Ranks.sees` for a checkpoint's folder, said once on stderr where it is not."""
+        sees = self.ranks.sees(folder)
+        if not sees and not self._told:
+            self._told = True
+            print(
+                f"reinforge: the trainer ranks do not see {folder.parent}: their "
+                "checkpoints go through this process (a run directory on storage every "
+                "rank mounts at the same path lets each rank read and write its own)",
+                file=sys.stderr,
+            )
+        return sees
 
     def state_dict(self) -> dict[str, Any]:
         return self.ranks.call("state_dict")[0]
