@@ -211,7 +211,8 @@ def _race(
     """Rows join (half prefilled first, the rest merged after two steps) and leave (rows
     1 and 3 after four steps, then row 0), decoding through the written-out step on a
     `Batch`; each row's logits per step. `by_copy` replaces the cache's states by copies
-    before each retire, so that rows are cut by selection, as before the room kept them."""
+    after each join and before each retire, so that rows join and are cut in new tensors,
+    as before the room kept them."""
     decoder = llama_decoder(model)
     assert decoder is not None
     batch: Batch[int] = Batch()
@@ -225,6 +226,8 @@ def _race(
         keyword = cache_keyword(model)
         model(input_ids=ids, attention_mask=mask, position_ids=positions, **{keyword: cache})
         batch.merge(rows, cache, mask)
+        if by_copy:  # as joining by `cat` left them: new tensors, no room
+            _copy_states(batch)
 
     def step() -> None:
         token = torch.randint(
@@ -239,9 +242,7 @@ def _race(
 
     def retire(rows: list[int]) -> None:
         if by_copy:
-            assert batch.cache is not None
-            for layer in batch.cache.layers:
-                layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
+            _copy_states(batch)
         batch.retire([batch.requests.index(row) for row in rows])
 
     with torch.inference_mode():
@@ -258,13 +259,21 @@ def _race(
     return logits
 
 
+def _copy_states(batch: Batch[int]) -> None:
+    """The cache's states replaced by contiguous copies: the layers' rooms let go."""
+    assert batch.cache is not None
+    for layer in batch.cache.layers:
+        layer.keys = layer.keys.contiguous().clone()
+        layer.values = layer.values.contiguous().clone()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "prompts",
     [[[5, 6, 7, 8]] * 6, [[5, 6, 7], [10, 11, 12, 13, 14, 15, 16], [20], [1, 2], [3] * 9, [4]]],
     ids=["no padding", "left-padded rows"],
 )
-def test_rows_cut_inside_the_cache_room_give_the_same_logits_as_cut_by_copy(
+def test_rows_joined_and_cut_inside_the_cache_room_give_the_same_logits_as_by_copy(
     dtype: torch.dtype, prompts: list[list[int]]
 ) -> None:
     model = _llama().to(dtype)

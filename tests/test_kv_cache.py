@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from reinforge.policy.kv_cache import ROOM, RoomyLayer, roomy_cache
+from reinforge.policy.kv_cache import ROOM, RoomyLayer, joined_room, roomy_cache
 from reinforge.policy.models import load_model
 
 
@@ -131,3 +131,31 @@ def test_a_cut_undoes_a_failed_steps_appends_and_keeps_the_room() -> None:
     layer.keys = layer.keys.clone()  # set from outside: the cut is a view of it
     layer.cut(2)
     assert torch.equal(layer.keys, states[:, :, :2]) and layer.values.shape[-2] == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_joined_into_one_room_are_right_aligned_and_later_appends_stay_in_place(dtype) -> None:
+    layer = RoomyLayer()
+    running = torch.randn(2, 3, 4, 5).to(dtype)  # (B, H, L, D)
+    layer.update(running, running.neg())
+    layer.update(torch.ones(2, 3, 1, 5, dtype=dtype), torch.ones(2, 3, 1, 5, dtype=dtype))
+    old_keys, old_values = layer.keys, layer.values  # a view of the first room, 5 wide
+    wide = torch.randn(1, 3, 7, 5).to(dtype)  # an arrival wider than the running rows
+    rooms = joined_room(old_keys, wide, 7), joined_room(old_values, wide.neg(), 7)
+    layer.take_room(*rooms, 7)
+    pad = torch.zeros(2, 3, 2, 5, dtype=dtype)
+    assert torch.equal(layer.keys, torch.cat([torch.cat([pad, old_keys], dim=2), wide]))
+    assert torch.equal(layer.values, torch.cat([torch.cat([pad, old_values], dim=2), wide.neg()]))
+    storage = layer.keys.untyped_storage().data_ptr()
+    new = torch.full((3, 3, 1, 5), 2.0, dtype=dtype)
+    for _ in range(ROOM):
+        keys, _ = layer.update(new, new)
+        assert keys.untyped_storage().data_ptr() == storage  # the join's room: no copy
+    assert keys.shape == (3, 3, 7 + ROOM, 5) and torch.equal(
+        keys[:, :, 7:], new.expand(-1, -1, ROOM, -1)
+    )
+    narrow = torch.randn(2, 3, 3, 5).to(dtype)  # arrivals narrower than the running rows
+    room = joined_room(layer.keys, narrow, 7 + ROOM)
+    assert torch.equal(room[3:, :, : 4 + ROOM], torch.zeros(2, 3, 4 + ROOM, 5, dtype=dtype))
+    assert torch.equal(room[3:, :, 4 + ROOM : 7 + ROOM], narrow)
+    assert torch.equal(room[:3, :, : 7 + ROOM], layer.keys)

@@ -15,7 +15,7 @@ from typing import Generic, TypeVar
 import torch
 from transformers.cache_utils import Cache
 
-from reinforge.policy.kv_cache import RoomyLayer, roomy_cache
+from reinforge.policy.kv_cache import RoomyLayer, joined_room, roomy_cache
 from reinforge.policy.prefix_cache import PrefixHit
 
 Row = TypeVar("Row")
@@ -40,15 +40,13 @@ class Batch(Generic[Row]):
         # batch is as it was. (The old states stay held by their rooms until the next
         # decode step either way, so this holds no more at once than joining layer by layer.)
         joined = [
-            (
-                torch.cat([_left_pad(old.keys, width), _left_pad(new.keys, width)]),
-                torch.cat([_left_pad(old.values, width), _left_pad(new.values, width)]),
-            )
+            (joined_room(old.keys, new.keys, width), joined_room(old.values, new.values, width))
             for old, new in zip(self.cache.layers, cache.layers, strict=True)
         ]
         mask = torch.cat([_left_pad_mask(self.mask, width), _left_pad_mask(mask, width)])
         for layer, (keys, values) in zip(self.cache.layers, joined, strict=True):
-            layer.keys, layer.values = keys, values
+            assert isinstance(layer, RoomyLayer)  # every cache here is a `roomy_cache`
+            layer.take_room(keys, values, width)
         self.mask = mask
         self.requests.extend(arrivals)
 
@@ -123,12 +121,6 @@ def cache_with_prefixes(hits: list[PrefixHit | None], width: int) -> Cache:
                 values[row, :, width - hit.length :] = hit.values[layer]
         cache.update(keys, values, layer)
     return cache
-
-
-def _left_pad(states: torch.Tensor, width: int) -> torch.Tensor:
-    """(B, H, L, D) -> (B, H, width, D), zeros on the left."""
-    missing = width - states.shape[2]
-    return torch.nn.functional.pad(states, (0, 0, missing, 0)) if missing else states
 
 
 def _left_pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:

@@ -6,9 +6,11 @@ float32 decode step of SmolLM2-135M on the 2-core CPU. `RoomyLayer` keeps spare 
 after the states and writes new ones there; `keys` and `values` are views of that room.
 Rows that leave the batch (`keep`) are cut inside the room too: the rows after them move
 up and leading columns that became padding are skipped, not copied, so the next update
-still writes in place. Code that replaces `keys` or `values` outright (the engine's merge)
-needs no care: the next update sees a tensor that is not its room's view and makes new
-room.
+still writes in place. Rows that join (the engine's merge) are written with the running
+ones into one new room (`joined_room`, `take_room`): one copy of the cache, where joining
+by `cat` and padding copied it two or three times, counting the room the next update
+would make. Code that replaces `keys` or `values` outright needs no care: the next update
+sees a tensor that is not its room's view and makes new room.
 """
 
 from __future__ import annotations
@@ -84,6 +86,12 @@ class RoomyLayer(DynamicLayer):
                 window[first_moved:rows] = window.index_select(0, sources)
         self._view(rows, end)
 
+    def take_room(self, key_room: torch.Tensor, value_room: torch.Tensor, length: int) -> None:
+        """States written into new rooms from outside (`joined_room`): every row of the
+        rooms, their first `length` columns; the next update appends in place."""
+        self._key_room, self._value_room, self._start = key_room, value_room, 0
+        self._view(key_room.shape[0], length)
+
     def cut(self, length: int) -> None:
         """Drop the columns past `length` that a step appended before it failed, so that
         the step can run again; the room stays the layer's."""
@@ -116,6 +124,19 @@ def cache_keyword(model: PreTrainedModel) -> str:
 def roomy_cache() -> Cache:
     """An empty cache of `RoomyLayer`s, one made per layer on first use."""
     return Cache(layer_class_to_replicate=RoomyLayer)
+
+
+def joined_room(old: torch.Tensor, new: torch.Tensor, width: int) -> torch.Tensor:
+    """`old` (B, H, Lo, D) above `new` (R, H, Ln, D) in a new room (B + R, H, width + ROOM,
+    D): each right-aligned at column `width`, zeros before it (padding the mask hides,
+    but which attention still multiplies by 0), and `ROOM` spare columns after."""
+    rows, heads, _, dim = old.shape
+    room = old.new_empty((rows + new.shape[0], heads, width + ROOM, dim))
+    for part, states in ((room[:rows], old), (room[rows:], new)):
+        padding = width - states.shape[-2]
+        part[:, :, :padding].zero_()
+        part[:, :, padding:width] = states
+    return room
 
 
 def _append(
