@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -255,22 +255,8 @@ def test_losing_host_b_ends_the_run_in_one_line(tmp_path, fault):
     require_extra("ray", "ray")
     with two_hosts() as hosts:
         argv = _held_run_on_b(hosts, tmp_path, tmp_path / "release")
-        run = subprocess.Popen(
-            hosts.on_a(argv), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        try:
-            _stepped(run, tmp_path / "r")
-            if fault == "killed":
-                hosts.b.kill()
-            else:
-                hosts.b.freeze()
-            _, stderr = run.communicate(timeout=900)
-        finally:
-            run.kill()
-            if fault == "frozen":
-                hosts.b.thaw()
-    assert run.returncode == 2, stderr[-3000:]
+        returncode, stderr = _losing_host_b(hosts, argv, tmp_path, fault)
+    assert returncode == 2, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     # the supervisor says the engine went with its actor and node, not as a process's code
     assert re.search(LOST + re.escape(hosts.b.ip), stderr), stderr[-3000:]
@@ -293,33 +279,60 @@ def test_trainer_ranks_on_a_frozen_host_b_end_the_run_in_one_line(tmp_path):
         argv = tiny_train(
             tmp_path,
             "run.steps=4",
-            "cluster.backend=ray",
-            f'cluster.address="{hosts.address}"',
-            "trainer.world_size=2",
-            "cluster.rank.custom={host_b=1}",
-            "engines.kind=spawned",
-            "engines.count=1",
-            "engines.resources.custom={host_a=1}",
+            *_ranks_on_b(hosts),
             f"env.name={RELEASE_ENV}",
             f"env.args.release={str(release)!r}",
         )
-        run = subprocess.Popen(
-            hosts.on_a(argv), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        try:
-            _stepped(run, tmp_path / "r")
-            hosts.b.freeze()
-            release.touch()  # the next steps train: on the frozen ranks
-            _, stderr = run.communicate(timeout=900)
-        finally:
-            run.kill()
-            hosts.b.thaw()
-    assert run.returncode == 2, stderr[-3000:]
+        # the next steps train, on the frozen ranks
+        returncode, stderr = _losing_host_b(hosts, argv, tmp_path, "frozen", then=release.touch)
+    assert returncode == 2, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     last = stderr.strip().splitlines()[-1]
     assert re.match(r"reinforge train: error: trainer rank [01] ", last), last
     assert hosts.b.ip in last, stderr[-3000:]
+
+
+def _losing_host_b(
+    hosts: TwoHosts,
+    argv: list[str],
+    tmp_path: Path,
+    fault: str,
+    then: Callable[[], object] | None = None,
+) -> tuple[int, str]:
+    """`argv` run on host A until it records its first step; then host B `killed` or
+    `frozen` (let go again once the run ended), and `then()`. The run's exit code and
+    stderr."""
+    run = subprocess.Popen(
+        hosts.on_a(argv), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _stepped(run, tmp_path / "r")
+        if fault == "killed":
+            hosts.b.kill()
+        else:
+            hosts.b.freeze()
+        if then is not None:
+            then()
+        _, stderr = run.communicate(timeout=900)
+    finally:
+        run.kill()
+        if fault == "frozen":
+            hosts.b.thaw()
+    return run.returncode, stderr
+
+
+def _ranks_on_b(hosts: TwoHosts) -> list[str]:
+    """A sharded trainer's two ranks on host B; one engine on host A, which takes the
+    weights by a file of the driver's node (the file transport)."""
+    return [
+        "cluster.backend=ray",
+        f'cluster.address="{hosts.address}"',
+        "trainer.world_size=2",
+        "cluster.rank.custom={host_b=1}",
+        "engines.kind=spawned",
+        "engines.count=1",
+        "engines.resources.custom={host_a=1}",
+    ]
 
 
 def _watching_ranks(hosts: TwoHosts, argv: list[str], logs: Path) -> tuple[int, str, set[str]]:
@@ -365,16 +378,7 @@ def test_trainer_ranks_on_host_b_train_checkpoint_and_resume(hosts, tmp_path, st
     run_dir = Path("/dev/shm", name) if apart else tmp_path / name
     # as this process sees it; host A's /dev/shm goes with the fixture
     seen_at = hosts.a.shm / name if apart else run_dir
-    common = [
-        "run.checkpoint_every=1",
-        "cluster.backend=ray",
-        f'cluster.address="{hosts.address}"',
-        "trainer.world_size=2",
-        "cluster.rank.custom={host_b=1}",
-        "engines.kind=spawned",
-        "engines.count=1",
-        "engines.resources.custom={host_a=1}",  # the file transport: the driver's node
-    ]
+    common = ["run.checkpoint_every=1", *_ranks_on_b(hosts)]
     code, err, seen = _watching_ranks(hosts, tiny_train(run_dir, "run.steps=2", *common), tmp_path)
     assert code == 0, _why(err, seen_at / "r")
     assert seen == {"b"}

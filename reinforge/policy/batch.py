@@ -37,8 +37,8 @@ class Batch(Generic[Row]):
             return
         width = max(self.mask.shape[1], mask.shape[1])
         # Every layer is joined before any is replaced: if memory runs out on the way, the
-        # batch is as it was. (The old states stay held by their rooms until the next
-        # decode step either way, so this holds no more at once than joining layer by layer.)
+        # batch is as it was. At its peak a join holds the old rooms and the new ones, as
+        # joining by `cat` held the old states and the joined ones.
         joined = [
             (joined_room(old.keys, new.keys, width), joined_room(old.values, new.values, width))
             for old, new in zip(self.cache.layers, cache.layers, strict=True)
