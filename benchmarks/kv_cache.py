@@ -21,6 +21,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from transformers import DynamicCache
@@ -96,29 +97,28 @@ def main() -> None:
         return
     model, _ = load_model(DEFAULT_MODEL, args.dtype)
     caches: dict[str, Callable[[], Cache]] = {"DynamicCache": DynamicCache, "roomy": roomy_cache}
-    results: dict[str, list[float]] = {name: [] for name in caches}
-    for round_ in range(args.rounds):
-        order = list(caches) if round_ % 2 == 0 else list(reversed(caches))
-        for name in order:
-            results[name].append(decode_step_s(model, caches[name], seed=round_))
-        print(
-            f"round {round_ + 1}: "
-            + ", ".join(f"{name} {results[name][-1] * 1000:.0f} ms" for name in caches),
-            flush=True,
-        )
-    medians = {name: statistics.median(values) for name, values in results.items()}
-    for name, value in medians.items():
-        print(f"{name:13s} median decode step {value * 1000:6.1f} ms")
+    ways = {name: partial(decode_step_s, model, make) for name, make in caches.items()}
+    medians = interleaved(ways, args.rounds, "decode step")
     print(f"roomy / DynamicCache: {medians['roomy'] / medians['DynamicCache']:.2f}x")
 
 
 def joins(rounds: int, dtype: torch.dtype) -> None:
-    ways = {"by cat": True, "into one room": False}
+    ways = {
+        "by cat": partial(join_s, True, dtype),
+        "into one room": partial(join_s, False, dtype),
+    }
+    medians = interleaved(ways, rounds, "join and append")
+    print(f"into one room / by cat: {medians['into one room'] / medians['by cat']:.2f}x")
+
+
+def interleaved(ways: dict[str, Callable[..., float]], rounds: int, what: str) -> dict[str, float]:
+    """Each way's median seconds over `rounds`, the ways alternating in order from round to
+    round so that the machine's load falls on all alike; each is called with `seed=round`."""
     results: dict[str, list[float]] = {name: [] for name in ways}
     for round_ in range(rounds):
         order = list(ways) if round_ % 2 == 0 else list(reversed(ways))
         for name in order:
-            results[name].append(join_s(ways[name], dtype, seed=round_))
+            results[name].append(ways[name](seed=round_))
         print(
             f"round {round_ + 1}: "
             + ", ".join(f"{name} {results[name][-1] * 1000:.0f} ms" for name in ways),
@@ -126,8 +126,8 @@ def joins(rounds: int, dtype: torch.dtype) -> None:
         )
     medians = {name: statistics.median(values) for name, values in results.items()}
     for name, value in medians.items():
-        print(f"{name:13s} median join and append {value * 1000:6.1f} ms")
-    print(f"into one room / by cat: {medians['into one room'] / medians['by cat']:.2f}x")
+        print(f"{name:13s} median {what} {value * 1000:6.1f} ms")
+    return medians
 
 
 if __name__ == "__main__":

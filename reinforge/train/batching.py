@@ -6,7 +6,9 @@ so position t is trained iff token t + 1 was sampled by the policy. Getting this
 trains the model on the prompt, or on nothing, without any error; it lives here only.
 
 Micro-batches group rows of similar length, so a batch with a few long episodes does not pad
-every row to the longest one (TRL pads every completion to the batch's longest).
+every row to the longest one (TRL pads every completion to the batch's longest); or rows
+that open alike, so a group's prompt runs once for all its rollouts: whichever computes
+fewer tokens.
 """
 
 from __future__ import annotations
@@ -125,8 +127,30 @@ class TrainBatch:
 
     @property
     def lengths(self) -> list[int]:
-        """Real tokens per row: what `micro_batches` groups by."""
+        """Real tokens per row."""
         return self.attention_mask.sum(dim=-1).tolist()
+
+    @property
+    def shared_prefix(self) -> int:
+        """Leading columns that hold the same tokens in every row and predict no sampled
+        token in any: a group's prompt, or the system prompt of several. Their keys and
+        values can be computed once for all rows (`logprobs.selective_logprobs`), and
+        nothing trained needs their outputs. 0 for one row, and every row keeps at least
+        one column of its own."""
+        if self.input_ids.shape[0] == 1:
+            return 0
+        alike = (self.input_ids == self.input_ids[:1]).all(dim=0)  # (T,)
+        untrained = ~self.target_mask.any(dim=0)  # (T,)
+        leading = int((alike & untrained).int().cumprod(dim=0).sum())
+        return max(0, min(leading, min(self.lengths) - 1))
+
+    def computed_tokens(self, share_prefix: bool) -> int:
+        """Token positions a forward of this batch runs: rows x width, or with
+        `share_prefix` the shared prefix once and each row's rest. What `micro_batches`
+        budgets, since activations grow with it."""
+        rows, width = self.input_ids.shape
+        shared = self.shared_prefix if share_prefix else 0
+        return shared + rows * (width - shared)
 
     @property
     def width(self) -> int:
@@ -203,26 +227,53 @@ def _check_tokens(name: str, tokens: list[int], mask: list[int]) -> None:
         raise ValueError(f"{name}: token ids must not be negative")
 
 
-def micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
-    """Row indices grouped so that rows x longest row <= token_budget in each group.
+def micro_batches(
+    batch: TrainBatch, token_budget: int, share_prefix: bool = True
+) -> list[list[int]]:
+    """Row indices grouped so that each group computes at most token_budget tokens
+    (`TrainBatch.computed_tokens`); a row over the budget gets a group of its own.
 
-    Rows are taken longest first (ties by index), and a group closes when the next row would
-    break the budget; so each group holds rows of similar length and pads little, and the
-    first group is the one of most padded tokens, where running out of memory shows at once.
-    A row longer than the budget gets a group of its own. Deterministic.
+    Rows are taken in one of two orders, and a group closes when the next row would break
+    the budget: longest first (ties by index), so each group holds rows of similar length
+    and pads little; or, with `share_prefix`, by their tokens up to the first sampled one
+    (then longest first), so the rollouts of one prompt sit together and their shared
+    prefix runs once. Of the two plans the one that computes fewer tokens in all is taken,
+    the length order on a tie. Deterministic.
 
-    lengths: one per row (`TrainBatch.lengths`). Returns the groups, each longest first.
+    Returns the groups, each in its order.
     """
     if token_budget <= 0:
         raise ValueError(f"token_budget must be positive, got {token_budget}")
-    if any(length < 0 for length in lengths):
-        raise ValueError("lengths must not be negative")
-    order = sorted(range(len(lengths)), key=lambda row: (-lengths[row], row))
+    lengths = batch.lengths
+    by_length = sorted(range(len(lengths)), key=lambda row: (-lengths[row], row))
+    plans = [_greedy(batch, by_length, token_budget, share_prefix)]
+    if share_prefix:
+        opening = [_opening(batch, row) for row in range(len(lengths))]
+        by_prompt = sorted(by_length, key=lambda row: opening[row])  # stable: longest first
+        plans.append(_greedy(batch, by_prompt, token_budget, share_prefix))
+    costs = [
+        sum(batch.select(rows).computed_tokens(share_prefix) for rows in plan) for plan in plans
+    ]
+    return plans[costs.index(min(costs))]
+
+
+def _greedy(
+    batch: TrainBatch, order: list[int], token_budget: int, share_prefix: bool
+) -> list[list[int]]:
+    """`order` cut into consecutive groups, each as long as the budget allows."""
     groups: list[list[int]] = []
     for row in order:
-        # The group's first row is its longest, so adding a row costs its longest length.
-        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= token_budget:
-            groups[-1].append(row)
-        else:
-            groups.append([row])
+        if groups:
+            grown = groups[-1] + [row]
+            if batch.select(grown).computed_tokens(share_prefix) <= token_budget:
+                groups[-1] = grown
+                continue
+        groups.append([row])
     return groups
+
+
+def _opening(batch: TrainBatch, row: int) -> list[int]:
+    """The row's tokens up to the first one its policy sampled: its prompt."""
+    targets = batch.target_mask[row].nonzero()
+    end = int(targets[0]) + 1 if len(targets) else batch.lengths[row]
+    return batch.input_ids[row, :end].tolist()

@@ -42,9 +42,11 @@ class LoRAConfig(Section):
 class TrainerConfig(Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     micro_batch_tokens: int = Field(1024, ge=1)
-    """Token budget of one forward/backward (rows x longest row); gradients accumulate.
-    Activations grow with it (~1.4 MB per token for SmolLM2-135M in fp32); on a CPU 1024
-    was both leaner and faster than 4096 (benchmarks/train_step.py)."""
+    """Token budget of one forward/backward: rows x longest row, a prefix all its rows share
+    counted once (a group's prompt runs once for its rollouts, except under
+    `gradient_checkpointing`); gradients accumulate. Activations grow with it (~1.4 MB per
+    token for SmolLM2-135M in fp32); on a CPU 1024 was both leaner and faster than 4096
+    (benchmarks/train_step.py)."""
     precision: Literal["float32", "bfloat16"] = "float32"
     """bfloat16: the decoder's matmuls run in bf16 under autocast (AMX on recent x86 CPUs,
     tensor cores on GPUs); weights, gradients, optimizer state, the LM head and the

@@ -4,6 +4,10 @@ The LM head is a large share of a small model's compute and memory (SmolLM2-135M
 576 matrix, and full logits of a 16 x 1024 batch are 3 GiB in float32). RL needs the head
 only where a sampled token is predicted, so `selective_logprobs` runs the decoder, gathers
 the hidden states of those positions and applies the head to them alone, in chunks.
+
+The rollouts of one group open with the same prompt, often most of a short episode's tokens
+(an agent's system prompt and tool schemas). A micro-batch's shared prefix runs once, in
+one row, and the rest of every row attends to its keys and values.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ def selective_logprobs(
     targets: Tensor,
     chunk_size: int = 1024,
     with_entropy: bool = False,
+    shared: int = 0,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-prob of `targets` where `target_mask` is set, and optionally the entropy there.
 
@@ -42,18 +47,21 @@ def selective_logprobs(
     `test_selective_equals_full_logits_on_ragged_padding` and the gradient tests there.
 
     input_ids, attention_mask, target_mask, targets: (B, T), as in `TrainBatch`.
+    shared: leading columns to run once for all rows, at most `TrainBatch.shared_prefix`;
+    0 where the model recomputes its layers in backward (gradient checkpointing drops the
+    keys and values a shared prefix leaves).
     Returns logprobs (B, T) and entropy (B, T) or None, both float32.
     """
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     _check_plain_head(model)
+    if shared and model.is_gradient_checkpointing and model.training:
+        raise ValueError("a shared prefix needs its keys and values: not under checkpointing")
     decoder, head = model.get_decoder(), model.get_output_embeddings()
-    hidden = decoder(
-        input_ids=input_ids, attention_mask=attention_mask, use_cache=False
-    ).last_hidden_state  # (B, T, H)
-    positions = target_mask.bool()  # (B, T)
+    hidden = _hidden_states(decoder, input_ids, attention_mask, shared)  # (B, T - shared, H)
+    positions = target_mask[:, shared:].bool()  # (B, T - shared)
     selected = hidden[positions]  # (N, H), row-major order
-    wanted = targets[positions]  # (N,)
+    wanted = targets[:, shared:][positions]  # (N,)
 
     logps: list[Tensor] = []
     entropies: list[Tensor] = []
@@ -64,9 +72,38 @@ def selective_logprobs(
         if entropy is not None:
             entropies.append(entropy)  # (n,)
 
-    logprobs = _scatter(positions, torch.cat(logps))  # (B, T)
-    entropy = _scatter(positions, torch.cat(entropies)) if with_entropy else None  # (B, T)
+    # No target lies in the shared columns, so the row-major order is the whole batch's.
+    everywhere = target_mask.bool()  # (B, T)
+    logprobs = _scatter(everywhere, torch.cat(logps))  # (B, T)
+    entropy = _scatter(everywhere, torch.cat(entropies)) if with_entropy else None  # (B, T)
     return logprobs, entropy
+
+
+def _hidden_states(
+    decoder: nn.Module, input_ids: Tensor, attention_mask: Tensor, shared: int
+) -> Tensor:
+    """The decoder's last hidden states (B, T - shared, H) of columns `shared` onwards.
+
+    The first `shared` columns run once, as one row; their keys and values, expanded to
+    every row without a copy, are the cache the rest of each row attends to, and backward
+    reaches the prefix's weights through them. Equal to the whole rows' forward to float
+    rounding (`test_a_shared_prefix_gives_the_plain_forwards_logprobs_and_gradients`).
+    """
+    if shared == 0:
+        return decoder(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+        ).last_hidden_state  # (B, T, H)
+    cache = decoder(input_ids=input_ids[:1, :shared], use_cache=True).past_key_values
+    rows = input_ids.shape[0]
+    for layer in cache.layers:
+        layer.keys = layer.keys.expand(rows, -1, -1, -1)  # (B, kv heads, shared, d)
+        layer.values = layer.values.expand(rows, -1, -1, -1)
+    return decoder(
+        input_ids=input_ids[:, shared:],
+        attention_mask=attention_mask,  # (B, T): the cached columns and the rest
+        past_key_values=cache,
+        use_cache=True,
+    ).last_hidden_state  # (B, T - shared, H)
 
 
 class SelectiveLogprobs(nn.Module):
@@ -83,10 +120,10 @@ class SelectiveLogprobs(nn.Module):
         self.model = model
 
     def forward(
-        self, batch: TrainBatch, with_entropy: bool = False
+        self, batch: TrainBatch, with_entropy: bool = False, share_prefix: bool = True
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (B, T) of `batch.targets` and entropy (B, T) or None, as
-        `selective_logprobs`."""
+        `selective_logprobs`, the batch's shared prefix run once with `share_prefix`."""
         return selective_logprobs(
             self.model,
             batch.input_ids,
@@ -94,6 +131,7 @@ class SelectiveLogprobs(nn.Module):
             batch.target_mask,
             batch.targets,
             with_entropy=with_entropy,
+            shared=batch.shared_prefix if share_prefix else 0,
         )
 
 

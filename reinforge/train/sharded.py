@@ -117,6 +117,12 @@ class ShardedTrainer(Trainer):
     def _logprob_module(self, model: PreTrainedModel) -> SelectiveLogprobs:
         return self._units.pop(id(model))
 
+    @property
+    def _share_prefix(self) -> bool:
+        """Never: a micro-batch whose prefix runs once calls every layer unit twice, and
+        each call is a round of collectives that every rank must run alike."""
+        return False
+
     def _accumulate(self, batch: TrainBatch, plan: list[list[int]]) -> dict[str, float]:
         """This rank's micro-batches of `plan`, then the loss and metrics summed over ranks.
 

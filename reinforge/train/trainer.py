@@ -210,9 +210,9 @@ class Trainer:
         over micro-batches; the schedule advances once. Whoever reads the model's tensors
         meanwhile guards its reads with the optimizer's step hooks
         (`orchestrate.weight_sync.SharedWeights`): the trainer knows nothing of readers."""
+        plan = micro_batches(batch, self.config.micro_batch_tokens, self._share_prefix)
         batch = batch.to(self.device)
         self.model.train()
-        plan = micro_batches(batch.lengths, self.config.micro_batch_tokens)
         self._first_pass = {}
         passes = [self._gradients(batch, plan)]
         for _ in range(self.config.updates_per_batch - 1):
@@ -273,7 +273,7 @@ class Trainer:
         first = self._first_pass.get(key)
         ref_logp = self._reference_logprobs(part) if first is None else first.ref_logp
         with self._autocast():
-            logp, entropy = self._logprobs(part, with_entropy=True)  # (b, t), (b, t)
+            logp, entropy = self._logprobs(part, True, self._share_prefix)  # (b, t), (b, t)
         if first is None:
             first = self._first_pass[key] = _FirstPass(ref_logp, logp.detach())
         loss, metrics = self.loss.batch_loss(
@@ -303,8 +303,14 @@ class Trainer:
         if not self.loss.needs_reference:
             return None
         with torch.no_grad(), reference_context(self.model), self._autocast():
-            logp, _ = self._ref_logprobs(part)
+            logp, _ = self._ref_logprobs(part, False, self._share_prefix)
         return logp  # (b, t)
+
+    @property
+    def _share_prefix(self) -> bool:
+        """Whether a micro-batch's shared prefix runs once: not where layers are
+        recomputed in backward, which would drop the prefix's keys and values."""
+        return not self.config.gradient_checkpointing
 
     def write_weights(self, path: Path) -> None:
         """The complete weights (LoRA merged) as one safetensors file, under the plain

@@ -105,37 +105,94 @@ def test_inconsistent_inputs_are_refused(trajectories, advantages, message):
         TrainBatch.from_trajectories(trajectories, advantages)
 
 
-# ---- micro_batches ----
+# ---- shared prefixes and micro_batches ----
+
+
+def of_lengths(lengths: list[int], seed: int = 0) -> TrainBatch:
+    """Rows of random tokens, each sampling its last (but a row of one): no two open
+    alike."""
+    generator = torch.Generator().manual_seed(seed)
+    return TrainBatch.from_sequences(
+        [torch.randint(1, 49152, (n,), generator=generator).tolist() for n in lengths],
+        [[0] * (n - 1) + [int(n > 1)] for n in lengths],
+    )
+
+
+def rollouts(prompt: list[int], rests: list[tuple[list[int], list[int]]]) -> TrainBatch:
+    """Rows of one prompt, each followed by its tokens and their loss mask."""
+    return TrainBatch.from_sequences(
+        [prompt + tokens for tokens, _ in rests], [[0] * len(prompt) + mask for _, mask in rests]
+    )
+
+
+def test_the_shared_prefix_ends_where_rows_differ_or_any_row_trains():
+    prompt = [5, 6, 7, 8]
+    # Row 1 samples from column 5 (predicted at column 4), row 0 from column 7: column 4
+    # trains in row 1, so 4 columns are shared though rows 0 and 1 agree up to column 5.
+    batch = rollouts(prompt, [([9, 1, 2, 3], [0, 0, 0, 1]), ([9, 1, 4], [0, 1, 1])])
+    assert batch.shared_prefix == 4
+    # Rows that differ at column 2 share 2 columns, whatever comes after.
+    differing = rollouts([5, 6], [([7, 1, 1], [0, 0, 1]), ([8, 1, 1], [0, 0, 1])])
+    assert differing.shared_prefix == 2
+    # A row is never all prefix: the shortest keeps one column of its own.
+    short = TrainBatch.from_sequences([[5, 6, 7, 8, 9], [5, 6, 7]], [[0, 0, 0, 0, 1], [0, 0, 1]])
+    assert short.shared_prefix == 1  # column 1 predicts row 1's sampled token
+    assert rollouts(prompt, [([9, 1], [0, 1])]).shared_prefix == 0  # one row: none
+    assert of_lengths([6, 6]).shared_prefix == 0
+    assert batch.computed_tokens(share_prefix=True) == 4 + 2 * (8 - 4)
+    assert batch.computed_tokens(share_prefix=False) == 2 * 8
 
 
 def test_micro_batches_by_hand():
     # Longest first, ties by index: rows 1 (8), 3 (8), 2 (5), 0 (3), 4 (2). Budget 16:
     # [1, 3] costs 2 x 8 = 16; adding row 2 would cost 3 x 8 = 24, so it starts a group,
     # which takes rows 0 and 4 at 3 x 5 = 15.
-    assert micro_batches([3, 8, 5, 8, 2], token_budget=16) == [[1, 3], [2, 0, 4]]
+    assert micro_batches(of_lengths([3, 8, 5, 8, 2]), token_budget=16) == [[1, 3], [2, 0, 4]]
 
 
 def test_a_row_over_the_budget_gets_a_micro_batch_of_its_own():
-    assert micro_batches([5, 50, 3], token_budget=20) == [[1], [0, 2]]
+    assert micro_batches(of_lengths([5, 50, 3]), token_budget=20) == [[1], [0, 2]]
+
+
+def test_rollouts_of_one_prompt_go_together_and_their_prompt_counts_once():
+    # Two prompts of 20 tokens, two rollouts each, interleaved in the batch; the rests are
+    # 4 tokens long and row 3's 6, so by length the plan would take rows 3 and 0 together.
+    first, second = list(range(1, 21)), list(range(101, 121))
+    rest = ([1, 2, 3, 4], [0, 1, 1, 1])
+    batch = TrainBatch.from_sequences(
+        [first + rest[0], second + rest[0], first + rest[0], second + [5, 6, 7, 8, 9, 9]],
+        [[0] * 20 + rest[1]] * 3 + [[0] * 20 + [0, 1, 1, 1, 1, 1]],
+    )
+    # Each prompt's pair: 19 shared columns + 2 x (24 - 19) = 29; and 19 + 2 x 7 = 33.
+    assert micro_batches(batch, token_budget=33) == [[0, 2], [1, 3]]  # by their openings
+    assert micro_batches(batch, token_budget=33, share_prefix=False) == [[3], [0], [1], [2]]
+    # Where sharing saves nothing, the length order stands: here the same four rows' plan.
+    assert micro_batches(of_lengths([24, 24, 24, 26]), 33) == [[3], [0], [1], [2]]
 
 
 LENGTHS = [17, 3, 40, 8, 8, 25, 1, 12, 30, 5, 9, 22]
 
 
+@pytest.mark.parametrize("share_prefix", [True, False])
 @pytest.mark.parametrize("budget", [1, 30, 64, 100, 1000])
-def test_micro_batches_respect_the_budget_and_take_every_row_once_sorted(budget):
-    groups = micro_batches(LENGTHS, budget)
+def test_micro_batches_respect_the_budget_and_take_every_row_once(budget, share_prefix):
+    # Half the rows open with one 12-token prompt, so both orders are in play.
+    batch = of_lengths(LENGTHS)
+    prompt = batch.input_ids[0, :12].clone()
+    for row in range(0, len(LENGTHS), 2):
+        n = min(12, LENGTHS[row] - 1)
+        batch.input_ids[row, :n] = prompt[:n]
+    groups = micro_batches(batch, budget, share_prefix)
     rows = [row for group in groups for row in group]
     assert sorted(rows) == list(range(len(LENGTHS)))  # every row exactly once
-    assert [LENGTHS[row] for row in rows] == sorted(LENGTHS, reverse=True)  # longest first
     for group in groups:
-        assert len(group) == 1 or len(group) * max(LENGTHS[row] for row in group) <= budget
-    assert micro_batches(LENGTHS, budget) == groups  # deterministic
+        assert len(group) == 1 or batch.select(group).computed_tokens(share_prefix) <= budget
+    assert micro_batches(batch, budget, share_prefix) == groups  # deterministic
 
 
 def test_micro_batches_refuse_a_non_positive_budget():
     with pytest.raises(ValueError, match="token_budget"):
-        micro_batches([3], token_budget=0)
+        micro_batches(of_lengths([3]), token_budget=0)
 
 
 # ---- micro-batch accumulation ----
@@ -193,7 +250,7 @@ def test_micro_batch_losses_and_gradients_add_up_to_the_whole_batch(tiny_model, 
 
     tiny_model.zero_grad()
     weights = aggregation.weights(batch.target_mask)  # (B, T), of the whole batch
-    groups = micro_batches(batch.lengths, token_budget=30)
+    groups = micro_batches(batch, token_budget=30, share_prefix=False)
     assert groups == [[2], [0, 4], [1, 3]]  # 19 | 2 x 14 | 2 x 8: columns 19, 14 and 8
     total = torch.zeros(())
     for rows in groups:

@@ -114,7 +114,7 @@ def _on_rank(
 
 def test_two_ranks_step_as_one_process(tmp_path):
     batch = _batch()
-    assert micro_batches(batch.lengths, 16) == [[0], [1, 2], [3]]
+    assert micro_batches(batch, 16) == [[0], [1, 2], [3]]
     sharded = {name: c.model_copy(update={"world_size": 2}) for name, c in CASES.items()}
     launch = TrainerConfig(world_size=2, collective_timeout_s=120)
     on_ranks = run_on_ranks(launch, _on_rank, sharded, batch, tmp_path)

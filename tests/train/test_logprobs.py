@@ -71,7 +71,7 @@ def full_logits_reference(model: LlamaForCausalLM, batch: TrainBatch) -> tuple[T
     return logp, entropy
 
 
-def selective(model: LlamaForCausalLM, batch: TrainBatch, chunk_size: int = 4):
+def selective(model: LlamaForCausalLM, batch: TrainBatch, chunk_size: int = 4, shared: int = 0):
     return selective_logprobs(
         model,
         batch.input_ids,
@@ -80,6 +80,7 @@ def selective(model: LlamaForCausalLM, batch: TrainBatch, chunk_size: int = 4):
         batch.targets,
         chunk_size=chunk_size,
         with_entropy=True,
+        shared=shared,
     )
 
 
@@ -190,4 +191,89 @@ def test_models_that_transform_their_logits_are_refused():
     with pytest.raises(ValueError, match="final_logit_softcapping"):
         selective_logprobs(
             capped, batch.input_ids, batch.attention_mask, batch.target_mask, batch.targets
+        )
+
+
+def prompted_batch() -> TrainBatch:
+    """Three rollouts of one 9-token prompt, ragged (lengths 15, 15 and 10): one samples
+    its first token right after the prompt, one after two tool tokens, one stops early."""
+    prompt = episode([(9, False)], seed=0)
+    rollouts = [
+        episode([(1, True), (3, False), (2, True)], seed=1),
+        episode([(2, False), (4, True)], seed=2),
+        episode([(1, True)], seed=3),
+    ]
+    return TrainBatch.from_trajectories(
+        [
+            Trajectory(
+                task_id="t",
+                group_id="g",
+                token_ids=prompt.token_ids + rollout.token_ids,
+                loss_mask=prompt.loss_mask + rollout.loss_mask,
+                logprobs=rollout.logprobs,
+            )
+            for rollout in rollouts
+        ],
+        advantages=[1.0, -1.0, 0.5],
+    )
+
+
+def test_a_shared_prefix_gives_the_plain_forwards_logprobs_and_gradients():
+    # In float64, as the masked full-logits test above (whose softmax is float32, hence
+    # 1e-6): the prompt runs once, its keys and values feed the three rows, and backward
+    # reaches the prompt's weights through them.
+    model = tiny_llama().to(torch.float64)
+    batch = prompted_batch()
+    assert batch.shared_prefix == 8  # the 9th prompt token predicts row 0's first sample
+
+    def loss_and_grads(shared: int) -> tuple[Tensor, Tensor, list[Tensor]]:
+        model.zero_grad()
+        logp, entropy = selective(model, batch, shared=shared)
+        assert entropy is not None
+        coefficients = torch.linspace(-1.0, 1.0, logp.numel()).reshape(logp.shape)  # (B, T)
+        loss = (coefficients * logp).sum() + 0.1 * (coefficients * entropy).sum()
+        loss.backward()
+        return logp.detach(), loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    plain_logp, plain_loss, plain_grads = loss_and_grads(0)
+    logp, loss, grads = loss_and_grads(batch.shared_prefix)
+    torch.testing.assert_close(logp, plain_logp, atol=1e-6, rtol=0)
+    torch.testing.assert_close(loss, plain_loss, atol=1e-6, rtol=0)
+    for grad, plain in zip(grads, plain_grads, strict=True):
+        torch.testing.assert_close(grad, plain, atol=1e-6, rtol=0)
+    assert all(grad.abs().sum() > 0 for grad in grads)  # the prompt's weights took part
+    with torch.no_grad():
+        full_logp, _ = full_logits_reference(model, batch)
+    torch.testing.assert_close(logp, full_logp, atol=1e-6, rtol=0)
+
+
+def test_a_shared_prefix_under_bf16_autocast_stays_within_its_rounding(model):
+    batch = prompted_batch()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        shared, _ = selective_logprobs(
+            model,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.target_mask,
+            batch.targets,
+            shared=batch.shared_prefix,
+        )
+    with torch.no_grad():
+        plain, _ = full_logits_reference(model, batch)
+    assert shared[~batch.target_mask].eq(0).all()
+    torch.testing.assert_close(shared, plain, atol=0.1, rtol=0)  # bf16 matmuls, fp32 head
+
+
+def test_a_shared_prefix_is_refused_where_layers_are_recomputed():
+    model = tiny_llama()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    batch = prompted_batch()
+    with pytest.raises(ValueError, match="checkpointing"):
+        selective_logprobs(
+            model.train(),
+            batch.input_ids,
+            batch.attention_mask,
+            batch.target_mask,
+            batch.targets,
+            shared=batch.shared_prefix,
         )

@@ -24,7 +24,7 @@ from reinforge.policy.engine import Engine
 from reinforge.policy.models import load_model, load_tokenizer
 from reinforge.rollout.config import RolloutConfig
 from reinforge.rollout.generator import generate_groups
-from reinforge.train.batching import TrainBatch
+from reinforge.train.batching import TrainBatch, micro_batches
 from reinforge.train.trainable import full_weights, load_trainable
 from reinforge.train.trainer import Trainer, select_for_training
 from reinforge.types import Group, Status, Task, Trajectory
@@ -96,6 +96,28 @@ def test_gradient_checkpointing_gives_the_same_gradients(batch):
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
     for name, grad in grads[0].items():
         torch.testing.assert_close(grads[1][name], grad, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_micro_batchs_shared_prompt_runs_once_but_not_under_checkpointing(batch, checkpointing):
+    model, trainer = _trainer(f"trainer.gradient_checkpointing={str(checkpointing).lower()}")
+    calls: list[tuple[int, int]] = []  # the decoder's inputs, (rows, columns), in order
+    model.get_decoder().register_forward_hook(
+        lambda _, args, kwargs, out: calls.append(tuple(kwargs["input_ids"].shape)),
+        with_kwargs=True,
+    )
+    trainer.step(batch)
+    plan = micro_batches(batch, trainer.config.micro_batch_tokens, not checkpointing)
+    expected: list[tuple[int, int]] = []
+    for rows in plan:
+        part = batch.select(rows)
+        shared = 0 if checkpointing else part.shared_prefix
+        expected += [(1, shared)] if shared else []
+        expected.append((len(rows), part.width - shared))
+    assert calls == expected
+    # The tasks' prompts (the chat template's system turn and the task) run once a plan.
+    assert any(shape[0] == 1 for shape in calls) != checkpointing
+    assert len(plan) < len(batch.lengths)
 
 
 def test_bf16_autocast_trains_with_float32_weights_and_log_probs(batch):
