@@ -24,6 +24,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from reinforge.orchestrate.sft import sft_config, train_sft
+    from reinforge.policy.bf16 import bf16_warning
     from reinforge.policy.models import load_tokenizer
     from reinforge.policy.threads import apply_threads
     from reinforge.train.sft import load_data
@@ -38,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
     )
     console.print(f"run directory: {config.run_dir}")
     console.print(apply_threads(config.model.threads))
+    note = bf16_warning({"trainer.precision": config.trainer.precision})
+    if note:
+        console.print(note)
 
     def show(metrics: SftStepMetrics) -> None:
         train = metrics.train

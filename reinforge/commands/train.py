@@ -22,11 +22,17 @@ def run(args: argparse.Namespace) -> int:
 
     from reinforge.commands.view import TrainView
     from reinforge.orchestrate.loop import train
+    from reinforge.policy.bf16 import bf16_warning
     from reinforge.policy.threads import apply_threads
 
     console = Console(stderr=True)
     console.print(f"run directory: {config.run_dir}")
     console.print(apply_threads(config.model.threads))
+    if config.cluster.backend == "local":  # else ranks and engines may compute elsewhere
+        keys = {"trainer.precision": config.trainer.precision, "engine.dtype": config.engine.dtype}
+        note = bf16_warning(keys)
+        if note:
+            console.print(note)
     with TrainView(console, config.run.steps) as view:
         asyncio.run(train(config, view.update, args.resume, args.overwrite))
     return 0
