@@ -63,7 +63,7 @@ def batches(run: Path, config: Config) -> list[TrainBatch]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="a training run's directory")
-    parser.add_argument("config", help="the config the run used")
+    parser.add_argument("config", type=Path, help="the config the run used")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, as for `train`")
     parser.add_argument("--rounds", type=int, default=3, help="rounds over every batch")
     parser.add_argument("--json", type=Path, help="write the results here")
@@ -104,7 +104,7 @@ def main() -> None:
     medians = {way: statistics.median(s[1:] or s) for way, s in seconds.items()}
     results = {
         "run": str(args.run),
-        "config": args.config,
+        "config": str(args.config),
         "overrides": args.overrides,
         "batches": len(steps),
         "rows": [int(batch.input_ids.shape[0]) for batch in steps],
