@@ -272,8 +272,9 @@ class Trainer:
         key = tuple(rows)
         first = self._first_pass.get(key)
         ref_logp = self._reference_logprobs(part) if first is None else first.ref_logp
+        share = self._share_prefix
         with self._autocast():
-            logp, entropy = self._logprobs(part, True, self._share_prefix)  # (b, t), (b, t)
+            logp, entropy = self._logprobs(part, with_entropy=True, share_prefix=share)
         if first is None:
             first = self._first_pass[key] = _FirstPass(ref_logp, logp.detach())
         loss, metrics = self.loss.batch_loss(
@@ -303,7 +304,7 @@ class Trainer:
         if not self.loss.needs_reference:
             return None
         with torch.no_grad(), reference_context(self.model), self._autocast():
-            logp, _ = self._ref_logprobs(part, False, self._share_prefix)
+            logp, _ = self._ref_logprobs(part, share_prefix=self._share_prefix)
         return logp  # (b, t)
 
     @property
