@@ -272,9 +272,8 @@ class Trainer:
         key = tuple(rows)
         first = self._first_pass.get(key)
         ref_logp = self._reference_logprobs(part) if first is None else first.ref_logp
-        share = self._share_prefix
         with self._autocast():
-            logp, entropy = self._logprobs(part, with_entropy=True, share_prefix=share)
+            logp, entropy = self._logprobs(part, with_entropy=True, share_prefix=self._share_prefix)
         if first is None:
             first = self._first_pass[key] = _FirstPass(ref_logp, logp.detach())
         loss, metrics = self.loss.batch_loss(

@@ -120,6 +120,17 @@ def test_a_micro_batchs_shared_prompt_runs_once_but_not_under_checkpointing(batc
     assert len(plan) < len(batch.lengths)
 
 
+def test_a_step_split_into_micro_batches_reports_the_stats_of_one_pass(batch):
+    """Each micro-batch's metrics count by its share of the batch's trained tokens: summed
+    over the plan they are the whole batch's, whatever the budget."""
+    _, whole = _trainer("trainer.micro_batch_tokens=100000")
+    _, split = _trainer("trainer.micro_batch_tokens=64")
+    assert len(micro_batches(batch, 64)) > 2
+    expected = whole.step(batch).model_dump()
+    assert expected["entropy"] > 0 and expected["ratio"] > 0
+    assert split.step(batch).model_dump() == pytest.approx(expected, rel=1e-4, abs=1e-6)
+
+
 def test_bf16_autocast_trains_with_float32_weights_and_log_probs(batch):
     model, trainer = _trainer('trainer.precision="bfloat16"')
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
