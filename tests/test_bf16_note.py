@@ -50,3 +50,15 @@ def test_the_note_names_the_keys_set_to_bf16_on_a_cpu_without_it(tmp_path):
     assert both is not None and "trainer.precision and engine.dtype = bfloat16" in both
     assert bf16_warning(keys, with_) is None
     assert bf16_warning({"trainer.precision": "float32"}, without) is None
+
+
+def test_a_command_starts_with_its_threads_then_the_note_where_due(monkeypatch):
+    from reinforge.policy import threads
+
+    asked: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", asked.append)  # recorded, not set
+    assert threads.prepare_cpu(1, {}) == ["threads: 1 (model.threads)"]
+    keys = {"engine.dtype": "bfloat16"}
+    note = bf16_warning(keys)  # this machine's own CPU, as the command's
+    assert threads.prepare_cpu(2, keys) == ["threads: 2 (model.threads)", *([note] if note else [])]
+    assert asked == [1, 2]

@@ -105,13 +105,10 @@ async def _run(config: EvalConfig, env: Any, out: Path) -> int:
         )
     else:
         from reinforge.policy.backends import load_engine
-        from reinforge.policy.bf16 import bf16_warning
-        from reinforge.policy.threads import apply_threads
+        from reinforge.policy.threads import prepare_cpu
 
-        console.print(apply_threads(config.model.threads))
-        note = bf16_warning({"engine.dtype": config.engine.dtype})
-        if note:
-            console.print(note)
+        for line in prepare_cpu(config.model.threads, {"engine.dtype": config.engine.dtype}):
+            console.print(line)
         with console.status(f"loading {config.model.name}"):
             engine = load_engine(config.model, config.engine)
         client = PolicyClient.for_engine(engine, sampling)

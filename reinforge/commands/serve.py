@@ -32,14 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     config = load_with_flags(ServeConfig, args, FLAGS)
     from reinforge.policy.backends import load_engine
-    from reinforge.policy.bf16 import bf16_warning
     from reinforge.policy.server import serve
-    from reinforge.policy.threads import apply_threads
+    from reinforge.policy.threads import prepare_cpu
 
-    print(apply_threads(config.model.threads), file=sys.stderr)
-    note = bf16_warning({"engine.dtype": config.engine.dtype})
-    if note:
-        print(note, file=sys.stderr)
+    for line in prepare_cpu(config.model.threads, {"engine.dtype": config.engine.dtype}):
+        print(line, file=sys.stderr)
     engine = load_engine(config.model, config.engine)
     try:
         serve(engine, config.server)

@@ -24,9 +24,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from reinforge.orchestrate.sft import sft_config, train_sft
-    from reinforge.policy.bf16 import bf16_warning
     from reinforge.policy.models import load_tokenizer
-    from reinforge.policy.threads import apply_threads
+    from reinforge.policy.threads import prepare_cpu
     from reinforge.train.sft import load_data
 
     console = Console(stderr=True)
@@ -38,10 +37,8 @@ def run(args: argparse.Namespace) -> int:
         f"{config.sft.epochs} epoch(s), {config.run.steps} steps"
     )
     console.print(f"run directory: {config.run_dir}")
-    console.print(apply_threads(config.model.threads))
-    note = bf16_warning({"trainer.precision": config.trainer.precision})
-    if note:
-        console.print(note)
+    for line in prepare_cpu(config.model.threads, {"trainer.precision": config.trainer.precision}):
+        console.print(line)
 
     def show(metrics: SftStepMetrics) -> None:
         train = metrics.train

@@ -22,17 +22,14 @@ def run(args: argparse.Namespace) -> int:
 
     from reinforge.commands.view import TrainView
     from reinforge.orchestrate.loop import train
-    from reinforge.policy.bf16 import bf16_warning
-    from reinforge.policy.threads import apply_threads
+    from reinforge.policy.threads import prepare_cpu
 
     console = Console(stderr=True)
     console.print(f"run directory: {config.run_dir}")
-    console.print(apply_threads(config.model.threads))
-    if config.cluster.backend == "local":  # else ranks and engines may compute elsewhere
-        keys = {"trainer.precision": config.trainer.precision, "engine.dtype": config.engine.dtype}
-        note = bf16_warning(keys)
-        if note:
-            console.print(note)
+    keys = {"trainer.precision": config.trainer.precision, "engine.dtype": config.engine.dtype}
+    local = config.cluster.backend == "local"  # else ranks and engines may compute elsewhere
+    for line in prepare_cpu(config.model.threads, keys if local else {}):
+        console.print(line)
     with TrainView(console, config.run.steps) as view:
         asyncio.run(train(config, view.update, args.resume, args.overwrite))
     return 0

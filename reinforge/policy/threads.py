@@ -12,6 +12,7 @@ import math
 import os
 from pathlib import Path
 
+from reinforge.policy.bf16 import bf16_warning
 from reinforge.policy.cgroups import CGROUP_ROOT, cgroup_folders, read
 
 
@@ -54,3 +55,11 @@ def apply_threads(asked: int | None) -> str:
     torch.set_num_threads(threads)
     limit = f", cgroup quota {quota:g} CPUs" if quota is not None else ""
     return f"threads: {threads} ({cpus} CPUs in the affinity{limit}; model.threads sets it)"
+
+
+def prepare_cpu(asked: int | None, bf16_keys: dict[str, str]) -> list[str]:
+    """Set the threads (`apply_threads`); the lines a command that computes on this CPU
+    starts with: the threads chosen, and the note of `bf16_warning` for `bf16_keys`
+    (name -> value) where one is due."""
+    note = bf16_warning(bf16_keys)
+    return [apply_threads(asked), *([note] if note else [])]
