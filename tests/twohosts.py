@@ -39,6 +39,17 @@ _IN_CREATE = 0x100
 START_S = 300.0
 """How long a node may take to join (Ray starts slowly on a loaded machine)."""
 RAY = [sys.executable, "-c", "from ray.scripts.scripts import main; main()"]
+HEALTH_CHECKS = {
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "3000",
+    "RAY_health_check_failure_threshold": "5",
+}
+"""Ray's checks of its nodes, a lost host found in ~20 s rather than Ray's own minute or
+so: the fault tests wait for it. Five missed checks in a row, so a node merely slowed by
+a loaded machine is not taken for lost."""
+STOP_S = 5.0
+"""How long a node's processes have to stop on SIGTERM before SIGKILL: a test's cluster
+keeps nothing worth a longer wait."""
 
 
 @dataclass
@@ -174,7 +185,7 @@ def _start(
         argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", mount, "sh", *argv]
     log = temp / "node.log"
     # a cluster of tests: Ray would otherwise ask for the token of ~/.ray where one exists
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "TMPDIR": str(temp / "tmp")}
+    env = {**os.environ, **HEALTH_CHECKS, "RAY_AUTH_MODE": "disabled", "TMPDIR": str(temp / "tmp")}
     with log.open("wb") as out:
         process = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
@@ -221,9 +232,10 @@ def _wait_for_nodes(address: str, count: int, hosts: list[Host]) -> None:
 
 
 def _stop(leader: subprocess.Popen[bytes]) -> None:
-    """Every process of the node's session: SIGTERM, then SIGKILL to any left after 30 s.
-    By the session the fixture made, never by name (other Ray clusters may run here)."""
-    for sig, wait_s in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+    """Every process of the node's session: SIGTERM, then SIGKILL to any left after
+    `STOP_S`. By the session the fixture made, never by name (other Ray clusters may run
+    here)."""
+    for sig, wait_s in ((signal.SIGTERM, STOP_S), (signal.SIGKILL, 10.0)):
         for pid in _session(leader.pid):
             try:
                 os.kill(pid, sig)
