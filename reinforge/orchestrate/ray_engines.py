@@ -278,7 +278,11 @@ class RayEngines:
             self._actors[index] = await asyncio.to_thread(self._actor, index)
             # placed within a bound: a dead node's bundle waits for a node that never comes
             who = f"engine {index} (on node {self._node(index)}), restarted by a new actor,"
-            await asyncio.to_thread(ask, self._actors[index].node, who)
+            try:
+                await asyncio.to_thread(ask, self._actors[index].node, who)
+            except UsageError:  # never placed, so it started nothing: no stop to wait for
+                ray.kill(self._actors[index])
+                raise
         (url,) = await asyncio.to_thread(self._started, [index])
         if url != self.urls[index]:  # a new actor on another node: routed and synced by URL
             raise UsageError(f"engine {index} came back at {url}, not {self.urls[index]}")
