@@ -19,6 +19,7 @@ from reinforge.policy.config import EngineConfig, ServerConfig
 from reinforge.policy.engine import Engine
 from reinforge.policy.models import load_model
 from reinforge.policy.server import create_app
+from reinforge.policy.weight_buckets import manifest, pack, write
 
 from .commands import ROOT, serving, tiny_train
 from .conftest import ENGINES, require_vllm
@@ -59,6 +60,26 @@ def test_weights_need_this_machine_and_the_token(server, tmp_path):
     assert response.status_code == 400 and "cannot read weights" in response.text
 
 
+def test_buckets_that_do_not_fit_their_file_or_manifest_are_refused(server, tmp_path):
+    buckets = pack(_perturbed_weights(tmp_path / "w.safetensors"))
+    path = tmp_path / "w.buckets"
+    with path.open("wb") as out:
+        write(buckets, out)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    version = httpx.get(f"{server}/health").json()["policy_version"]
+    entry = {"name": "x", "dtype": "float99", "shape": [1], "offset": 0, "nbytes": 4}
+    for given in ([[{"name": "x"}]], [[entry]]):  # a field missing; not a dtype
+        bad = {"path": str(path), "buckets": given, "version": 9}
+        response = httpx.post(f"{server}/v1/weights", json=bad, headers=headers)
+        error = response.json()["error"]
+        assert response.status_code == 400 and error["param"] == "buckets[0][0].dtype"
+    short = {"path": str(path), "buckets": manifest(buckets + buckets), "version": 9}
+    response = httpx.post(f"{server}/v1/weights", json=short, headers=headers)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "path"
+    assert "bytes, where the buckets hold" in response.json()["error"]["message"]
+    assert httpx.get(f"{server}/health").json()["policy_version"] == version  # untouched
+
+
 async def test_a_server_without_a_token_takes_no_weights(tmp_path):
     model, tokenizer = load_model("tiny-random")
     engine = Engine(model, tokenizer, "tiny-random", EngineConfig())
@@ -72,11 +93,19 @@ async def test_a_server_without_a_token_takes_no_weights(tmp_path):
         engine.close()
 
 
-def test_pushed_weights_are_the_policy_that_samples_next(server, tmp_path):
+@pytest.mark.parametrize("layout", ["safetensors", "buckets"])
+def test_pushed_weights_are_the_policy_that_samples_next(server, tmp_path, layout):
     path = tmp_path / "w.safetensors"
     state = _perturbed_weights(path)
-    headers = {"Authorization": f"Bearer {TOKEN}"}
     update = {"path": str(path), "version": 7}
+    if layout == "buckets":  # as a Ray engine's actor hands them over
+        buckets = pack(state, bucket_bytes=2**16)
+        assert len(buckets) > 1
+        path = tmp_path / "w.buckets"
+        with path.open("wb") as out:
+            write(buckets, out)
+        update = {"path": str(path), "buckets": manifest(buckets), "version": 7}
+    headers = {"Authorization": f"Bearer {TOKEN}"}
     response = httpx.post(f"{server}/v1/weights", json=update, headers=headers, timeout=60)
     assert response.json() == {"policy_version": 7}
     assert httpx.get(f"{server}/health").json()["policy_version"] == 7

@@ -5,6 +5,7 @@ field added later fails here until a case below shows what it does."""
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import time
@@ -29,7 +30,7 @@ from reinforge.policy.config import EngineConfig, ServerConfig
 from reinforge.policy.engine import Engine
 from reinforge.policy.models import load_model
 from reinforge.policy.server import create_app
-from reinforge.policy.weight_buckets import manifest, pack
+from reinforge.policy.weight_buckets import manifest, pack, write
 from reinforge.policy.weight_group import new_group
 
 from .conftest import http_server
@@ -290,11 +291,39 @@ def _weights(api: Api, route: str) -> None:
     assert api.sample("completions")["choices"][0]["policy_versions"] == [3, 3]
 
 
+ENTRY = ("buckets.name", "buckets.dtype", "buckets.shape", "buckets.offset", "buckets.nbytes")
+
+
+@effect("buckets", *ENTRY, route="weights")
+def _weights_in_buckets(api: Api, route: str) -> None:
+    """The weights as buckets' bytes in a file, with their manifest: each field of an entry
+    places its tensor, so one changed is a 400, or another tensor's bytes taken."""
+    weights = {n: p.detach().clone() for n, p in api.engine.model.named_parameters()}
+    buckets = pack(weights, bucket_bytes=2**16)
+    path = api.folder / "weights.buckets"
+    with path.open("wb") as out:
+        write(buckets, out)
+    good = {"path": str(path), "buckets": manifest(buckets), "version": 4}
+    assert api.post("/v1/weights", good).json() == {"policy_version": 4}
+    assert api.sample("completions")["choices"][0]["policy_versions"] == [4, 4]
+    first = good["buckets"][0][0]
+    param = dict(api.engine.model.named_parameters())[first["name"]]
+    changes = {"name": "nope", "dtype": "float16", "shape": [1],
+               "offset": first["offset"] + 16, "nbytes": first["nbytes"] // 2}  # fmt: skip
+    for field, value in changes.items():
+        changed = copy.deepcopy(good)
+        changed["buckets"][0][0][field] = value
+        response = api.post("/v1/weights", changed)
+        assert response.status_code == 400 or not torch.equal(param, weights[first["name"]]), field
+        assert api.post("/v1/weights", good).status_code == 200
+
+
 @effect("host", "port", "group", "rank", "size", "timeout_s", route="join")
-@effect("group", "version", "buckets", route="broadcast")
+@effect("group", "version", "buckets", *ENTRY, route="broadcast")
 def _weights_broadcast(api: Api, route: str) -> None:
     """A thread here is the trainer: rank 0 of a group the engine joins, broadcasting the
-    engine's own weights in small buckets as version 8."""
+    engine's own weights in small buckets as version 8. The buckets' entries are read as
+    the weights route reads them (`_weights_in_buckets`)."""
     store = dist.TCPStore(HOST, 0, None, True, wait_for_workers=False)
     join = {"host": HOST, "port": store.port, "group": "g", "rank": 1, "size": 2,
             "timeout_s": 30}  # fmt: skip

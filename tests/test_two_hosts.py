@@ -126,11 +126,10 @@ def test_engines_on_host_b_sample_the_trainers_weights(hosts, tmp_path, transpor
         assert set(trajectory["policy_versions"]) == {2}
         _assert_sampled_by(trajectory, model)
 
-    weights_on_b = [name for name in on_b if name.startswith("reinforge-weights-")]
-    if transport == "object_store":  # each engine's actor, each step, in host B's memory
-        assert len(weights_on_b) >= 2 * 3
-    else:  # no file at all: the buckets came over the group
-        assert weights_on_b == []
+    # no weight file on host B either: each engine's actor lays the buckets it took from
+    # host B's store in a memory file of its own (the object store), or they come over the
+    # group (the broadcast)
+    assert not [name for name in on_b if name.startswith("reinforge-weights-")]
     if hosts.isolated:  # host A wrote no weight file, and host B's memory is not host A's
         assert not [name for name in on_a if name.startswith("reinforge-weights-")]
         assert os.stat(hosts.a.shm).st_dev != os.stat(hosts.b.shm).st_dev

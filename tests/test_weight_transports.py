@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -15,6 +18,8 @@ from reinforge.config import Config, load_config
 from reinforge.errors import ConfigError
 from reinforge.orchestrate.cluster import open_cluster
 from reinforge.orchestrate.engines import RemoteEngine, open_engine
+from reinforge.orchestrate.ray_weights import MemoryFile
+from reinforge.policy import weight_buckets
 from reinforge.policy.models import load_model
 from reinforge.policy.weight_buckets import pack, total_bytes, unpack
 from reinforge.train.trainer import Trainer
@@ -43,6 +48,22 @@ def test_buckets_give_back_every_tensor_cast_and_aligned():
         assert len(buckets) > 1
     full, half = total_bytes(pack(weights)), total_bytes(pack(weights, torch.bfloat16))
     assert half < 0.6 * full  # bf16 halves the floating bytes
+
+
+def test_an_actors_memory_file_is_read_by_another_process_and_emptied_after():
+    weights = {"a": torch.randn(3, 5), "b": torch.randn(100)}
+    buckets = pack(weights, bucket_bytes=64)
+    memory = MemoryFile()
+    for _ in range(2):  # written over in place at each push
+        with memory.holding(buckets) as path:
+            script = "import sys; sys.stdout.buffer.write(open(sys.argv[1], 'rb').read())"
+            read = subprocess.run([sys.executable, "-c", script, path], capture_output=True)
+            assert read.returncode == 0 and read.stdout == b"".join(
+                b.data.tobytes() for b in buckets
+            )
+            back = weight_buckets.read(path, [b.entries for b in buckets])
+            assert all(torch.equal(back[name], tensor) for name, tensor in weights.items())
+        assert Path(path).stat().st_size == 0  # the node's memory given back
 
 
 def test_the_object_store_carries_the_weights_to_every_engine_and_a_rejoining_one(tmp_path):

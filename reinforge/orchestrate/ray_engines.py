@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import torch
-from safetensors.torch import save_file
 
 from reinforge.config import Config
 from reinforge.errors import UsageError
@@ -42,16 +41,21 @@ from reinforge.orchestrate.engine_processes import (
 )
 from reinforge.orchestrate.ray_actors import ANSWER_S, ask, death, node_id, ray, reason, release
 from reinforge.orchestrate.ray_logs import LogCopies
-from reinforge.orchestrate.ray_weights import HeldBuckets, ObjectStorePush, Push, RayBroadcastPush
+from reinforge.orchestrate.ray_weights import (
+    HeldBuckets,
+    MemoryFile,
+    ObjectStorePush,
+    Push,
+    RayBroadcastPush,
+)
 from reinforge.orchestrate.weight_sync import (
     EngineGone,
     EngineLinks,
     FilePush,
     loopback,
     post_to_engine,
-    weights_folder,
 )
-from reinforge.policy.weight_buckets import unpack
+from reinforge.policy.weight_buckets import manifest
 
 if TYPE_CHECKING:
     from reinforge.orchestrate.ray_cluster import RayCluster
@@ -78,6 +82,8 @@ class EngineActor:
         self.url = base_url(self.host, self.port)
         self.process: subprocess.Popen[bytes] | None = None
         self.held = HeldBuckets()
+        self.memory: MemoryFile | None = None
+        """Made at the first push of the object store."""
 
     def node(self) -> str:
         return node_id()
@@ -135,18 +141,15 @@ class EngineActor:
     def take_weights(self, token: str, push: Push) -> tuple[int, int]:
         """The weights of `push` to this node's engine: built from the deltas on the
         buckets this actor holds, or pulled whole from the store where they do not apply
-        (`HeldBuckets`), then a file in the node's own memory, posted as any control is
-        (`post`). The version the engine then serves, and the bytes the actor took from the
-        store."""
+        (`HeldBuckets`), then laid in a file of the actor's memory with their manifest,
+        posted as any control is (`post`). The version the engine then serves, and the
+        bytes the actor took from the store."""
         buckets, moved = self.held.take(push)
-        folder = weights_folder()
-        try:
-            path = folder / "weights.safetensors"
-            save_file(unpack(buckets), path)
-            body = {"path": str(path), "version": push.version}
+        if self.memory is None:
+            self.memory = MemoryFile()
+        with self.memory.holding(buckets) as path:
+            body = {"path": path, "buckets": manifest(buckets), "version": push.version}
             answer = self.post(token, "/weights", body, "take the weights")
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
         return answer["policy_version"], moved
 
     def stop(self) -> None:

@@ -12,12 +12,16 @@ checksum that does not match.
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from reinforge.errors import UsageError
 from reinforge.orchestrate.broadcast_weights import BroadcastPush
 from reinforge.orchestrate.weight_sync import (
     EngineGone,
@@ -25,7 +29,7 @@ from reinforge.orchestrate.weight_sync import (
     check_versions,
     packed_weights,
 )
-from reinforge.policy.weight_buckets import Bucket
+from reinforge.policy.weight_buckets import Bucket, write
 from reinforge.policy.weight_delta import Delta, apply, encode
 from reinforge.train.trainer import PolicyTrainer
 
@@ -138,6 +142,35 @@ class HeldBuckets:
         buckets = [built[i] for i in range(len(push.full))]
         self.buckets, self.version = (buckets, push.version) if push.keep else ([], None)
         return buckets, moved
+
+
+class MemoryFile:
+    """Where an engine's actor lays the buckets it took, for its engine to read
+    (`POST /v1/weights` with their manifest): a file in the actor's own memory (memfd),
+    which the engine opens by its /proc path. Nothing of it is left in the node's /dev/shm
+    should the actor be killed, and it holds the buckets' bytes as they are, one copy out of
+    the store where a safetensors file took more. It is emptied once the engine has the
+    weights, so it costs the node that memory only for the hand-over."""
+
+    def __init__(self) -> None:
+        if not hasattr(os, "memfd_create"):
+            raise UsageError(
+                'engines.weight_sync = "object_store" hands weights to each engine through a '
+                "memory file (memfd), which only Linux has: take the broadcast"
+            )
+        self._fd = os.memfd_create("reinforge-weights", os.MFD_CLOEXEC)
+        self.path = f"/proc/{os.getpid()}/fd/{self._fd}"
+
+    @contextmanager
+    def holding(self, buckets: list[Bucket]) -> Iterator[str]:
+        """The file's path, the file holding `buckets` while the body runs."""
+        with open(self._fd, "wb", buffering=0, closefd=False) as out:
+            out.seek(0)
+            write(buckets, out)
+        try:
+            yield self.path
+        finally:
+            os.ftruncate(self._fd, 0)
 
 
 class RayBroadcastPush(BroadcastPush):

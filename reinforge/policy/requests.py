@@ -4,12 +4,14 @@ checks on messages and tools. A request it refuses is an `APIError` naming the f
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from reinforge.policy.api_errors import bad_request
 from reinforge.policy.config import Temperature, TopP
+from reinforge.policy.weight_buckets import Entry
 from reinforge.types import Message
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -188,6 +190,37 @@ class PauseRequest(BaseModel):
     """Decoding resumes on its own after this many seconds without a resume."""
 
 
+class BucketEntry(BaseModel):
+    """Where one tensor lies in its bucket (`weight_buckets.Entry`), as a manifest gives it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    dtype: str
+    """torch's name of it: float32, bfloat16, ..."""
+    shape: list[Annotated[int, Field(ge=0)]]
+    offset: int = Field(ge=0)
+    nbytes: int = Field(ge=0)
+
+    @field_validator("dtype")
+    @classmethod
+    def _a_torch_dtype(cls, name: str) -> str:
+        if not isinstance(getattr(torch, name, None), torch.dtype):
+            raise ValueError(f"{name!r} is not a torch dtype")
+        return name
+
+
+Manifest = list[Annotated[list[BucketEntry], Field(min_length=1)]]
+"""Each bucket's entries, in order (`weight_buckets.manifest`)."""
+
+
+def entries_of(manifest: Manifest) -> list[tuple[Entry, ...]]:
+    return [
+        tuple(Entry(e.name, e.dtype, tuple(e.shape), e.offset, e.nbytes) for e in bucket)
+        for bucket in manifest
+    ]
+
+
 class WeightsUpdate(BaseModel):
     """A trainer's new weights, handed over as a file on this machine (in memory under
     /dev/shm where there is one): no tensor data crosses HTTP."""
@@ -195,10 +228,15 @@ class WeightsUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     path: str
-    """A safetensors file of the model's parameters, under their plain names."""
+    """A safetensors file of the model's parameters, under their plain names; with
+    `buckets`, those buckets' bytes one after another instead."""
     version: int = Field(ge=0)
     """The policy version the trainer gives these weights; tokens sampled after the update
     carry it."""
+    buckets: Manifest | None = Field(None, min_length=1)
+    """The manifest of the buckets `path` holds (`weight_buckets.manifest`): how a Ray
+    engine's actor hands over what it took from the object store, written in place
+    without a file format's copies."""
 
 
 class GroupJoin(BaseModel):
@@ -227,7 +265,7 @@ class WeightsBroadcast(BaseModel):
 
     group: str
     version: int = Field(ge=0)
-    buckets: list[list[dict[str, Any]]] = Field(min_length=1)
+    buckets: Manifest = Field(min_length=1)
 
 
 class CompletionRequest(SamplingRequest):

@@ -11,8 +11,9 @@ Extensions to OpenAI's schema (ignored by clients that do not know them):
 - request `stop_loops`: end a choice as soon as its tail repeats itself, with finish
   reason `loop` (`policy/repetition.py` has the rule);
 - `POST /v1/weights` `{"path", "version"}`: a trainer on this machine hands over new
-  weights as a safetensors file, with `server.weights_token` as its bearer token; they
-  apply between two decode steps and requests in flight continue under them;
+  weights as a safetensors file (or, with `"buckets"`, as buckets' bytes and their
+  manifest), with `server.weights_token` as its bearer token; they apply between two
+  decode steps and requests in flight continue under them;
 - `POST /v1/weights/group` `{"host", "port", "group", "rank", "size", "timeout_s"}` and
   `POST /v1/weights/broadcast` `{"group", "version", "buckets"}`, with the same token: the
   weights come as a broadcast over a process group of the trainer and its engines instead
@@ -66,10 +67,11 @@ from reinforge.policy.requests import (
     WeightsUpdate,
     chat_messages,
     checked_tools,
+    entries_of,
 )
 from reinforge.policy.sampling import SamplingParams
 from reinforge.policy.streaming import stream
-from reinforge.policy.weight_buckets import entries_of
+from reinforge.policy.weight_buckets import read
 from reinforge.policy.weight_group import BroadcastAborted, WeightGroup
 
 _Setting = TypeVar("_Setting", float, bool)
@@ -163,10 +165,7 @@ def create_app(engine: SamplingEngine, config: ServerConfig) -> FastAPI:
     @app.post("/v1/weights/broadcast")
     async def take_broadcast(update: WeightsBroadcast, request: Request) -> Json:
         service.authorize_weights(request)
-        try:
-            buckets = entries_of(update.buckets)
-        except TypeError as error:
-            raise bad_request(f"not a bucket manifest: {error}", "buckets") from error
+        buckets = entries_of(update.buckets)
         try:
             version = await asyncio.to_thread(
                 pause.run, lambda: group.receive(update.group, buckets, update.version)
@@ -212,9 +211,10 @@ class _Service:
             raise APIError(401, "wrong or missing weights token", code="invalid_api_key")
 
     def load_weights(self, update: WeightsUpdate) -> int:
+        buckets = None if update.buckets is None else entries_of(update.buckets)
         try:
-            state = load_file(update.path)
-        except (OSError, SafetensorError) as error:
+            state = load_file(update.path) if buckets is None else read(update.path, buckets)
+        except (OSError, SafetensorError, ValueError, RuntimeError) as error:
             raise APIError(400, f"cannot read weights at {update.path}: {error}", "path") from error
         try:
             return self.engine.update_weights(state, update.version)

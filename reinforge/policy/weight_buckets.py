@@ -13,7 +13,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -76,11 +76,38 @@ def unpack(buckets: Iterable[Bucket]) -> dict[str, torch.Tensor]:
     """The tensors, each a view of its bucket's bytes: read them (write them out, copy
     them into a model), never write to them."""
     tensors = {}
-    with warnings.catch_warnings():  # a bucket from Ray's object store is read-only
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        for bucket in buckets:
-            tensors |= views(bucket.entries, torch.from_numpy(bucket.data))
+    for bucket in buckets:
+        tensors |= views(bucket.entries, _read_only(bucket.data))
     return tensors
+
+
+def write(buckets: Iterable[Bucket], out: BinaryIO) -> None:
+    """The buckets' bytes one after another, from where `out` stands: what `read` takes
+    back with their manifest."""
+    for bucket in buckets:
+        out.write(memoryview(bucket.data))
+
+
+def read(path: str, buckets: list[tuple[Entry, ...]]) -> dict[str, torch.Tensor]:
+    """The tensors of a file `write` wrote with `buckets`' entries, each a view of the file
+    mapped in memory, read-only: no copy is made until they are copied into a model."""
+    sizes = [size_of(entries) for entries in buckets]
+    data = _read_only(np.memmap(path, np.uint8, mode="r"))
+    if len(data) != sum(sizes):
+        raise ValueError(f"{len(data)} bytes, where the buckets hold {sum(sizes)}")
+    tensors, start = {}, 0
+    for entries, size in zip(buckets, sizes, strict=True):
+        tensors |= views(entries, data[start : start + size])
+        start += size
+    return tensors
+
+
+def _read_only(data: np.ndarray) -> torch.Tensor:
+    """`data` as a tensor: one in Ray's object store, or a file mapped read-only, is not
+    writable, which torch would warn of at every bucket."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(data)
 
 
 def views(entries: Iterable[Entry], data: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -96,13 +123,6 @@ def manifest(buckets: Iterable[Bucket]) -> list[list[dict[str, Any]]]:
     """What a receiver needs to rebuild the buckets from their bytes alone, as JSON: each
     bucket's entries, in order."""
     return [[asdict(e) for e in bucket.entries] for bucket in buckets]
-
-
-def entries_of(manifest: list[list[dict[str, Any]]]) -> list[tuple[Entry, ...]]:
-    """`manifest`'s buckets' entries back."""
-    return [
-        tuple(Entry(**{**e, "shape": tuple(e["shape"])}) for e in bucket) for bucket in manifest
-    ]
 
 
 def size_of(entries: tuple[Entry, ...]) -> int:
