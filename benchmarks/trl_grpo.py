@@ -97,7 +97,7 @@ def main() -> int:
         trainer.remove_callback(PrinterCallback)  # it prints every log dict; we print a line
         setup = setup_record(config, tokenizer, rows)
         # what the trainer did to the model, whatever the config said
-        setup["model_activation_checkpointing"] = trainer.model.is_activation_checkpointing
+        setup["model_activation_checkpointing"] = trainer.model.is_gradient_checkpointing
         setup["model_dtype"] = str(next(trainer.model.parameters()).dtype)
         recorder.write(setup)
         trainer.train()
