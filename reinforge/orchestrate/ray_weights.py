@@ -164,12 +164,12 @@ class MemoryFile:
     @contextmanager
     def holding(self, buckets: list[Bucket]) -> Iterator[str]:
         """The file's path, the file holding `buckets` while the body runs."""
-        with open(self._fd, "wb", buffering=0, closefd=False) as out:
-            out.seek(0)
-            write(buckets, out)
         try:
+            with open(self._fd, "wb", buffering=0, closefd=False) as out:
+                out.seek(0)
+                write(buckets, out)
             yield self.path
-        finally:
+        finally:  # a write that failed part way too
             os.ftruncate(self._fd, 0)
 
 
