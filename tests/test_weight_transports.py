@@ -21,14 +21,14 @@ from reinforge.orchestrate.engines import RemoteEngine, open_engine
 from reinforge.orchestrate.ray_weights import MemoryFile
 from reinforge.policy import weight_buckets
 from reinforge.policy.models import load_model
-from reinforge.policy.weight_buckets import pack, total_bytes, unpack
+from reinforge.policy.weight_buckets import pack, total_bytes
 from reinforge.train.trainer import Trainer
 
 from .conftest import require_extra
 from .test_remote_engine import assert_samples_with
 
 
-def test_buckets_give_back_every_tensor_cast_and_aligned():
+def test_buckets_give_back_every_tensor_cast_and_aligned(tmp_path):
     weights = {
         "odd": torch.randn(3, 5),  # 60 bytes: the next tensor starts past padding
         "steps": torch.arange(7),  # int64: never cast
@@ -37,7 +37,10 @@ def test_buckets_give_back_every_tensor_cast_and_aligned():
     }
     for dtype in (None, torch.bfloat16):
         buckets = pack(weights, dtype, bucket_bytes=256)
-        back = unpack(buckets)
+        path = tmp_path / "weights.buckets"
+        with path.open("wb") as out:
+            weight_buckets.write(buckets, out)
+        back = weight_buckets.read(str(path), [b.entries for b in buckets])
         assert list(back) == list(weights)
         for name, tensor in weights.items():
             want = tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor

@@ -31,7 +31,6 @@ from typing import TypeVar
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import save_file
 
 from reinforge.errors import UsageError
 from reinforge.orchestrate.weight_sync import (
@@ -42,7 +41,7 @@ from reinforge.orchestrate.weight_sync import (
     packed_weights,
     weights_folder,
 )
-from reinforge.policy.weight_buckets import Bucket, manifest, total_bytes, unpack
+from reinforge.policy.weight_buckets import Bucket, manifest, total_bytes, write
 from reinforge.policy.weight_group import new_group
 from reinforge.train.trainer import PolicyTrainer
 
@@ -183,12 +182,14 @@ class BroadcastPush(EngineLinks):
             group.shutdown()
 
     def _give_last(self, index: int) -> None:
-        """As a file: the group forms again, with this engine, at the next push."""
+        """As a file of the buckets' bytes with their manifest, as an object store's actor
+        hands them over: the group forms again, with this engine, at the next push."""
         folder = weights_folder()
         try:
-            path = folder / "weights.safetensors"
-            save_file(unpack(self._last), str(path))
-            body = {"path": str(path), "version": self.version}
+            path = folder / "weights.buckets"
+            with path.open("wb") as out:
+                write(self._last, out)
+            body = {"path": str(path), "buckets": manifest(self._last), "version": self.version}
             self.post(index, "/weights", body, "take the weights")
         finally:
             shutil.rmtree(folder, ignore_errors=True)

@@ -72,15 +72,6 @@ def pack(
     return buckets
 
 
-def unpack(buckets: Iterable[Bucket]) -> dict[str, torch.Tensor]:
-    """The tensors, each a view of its bucket's bytes: read them (write them out, copy
-    them into a model), never write to them."""
-    tensors = {}
-    for bucket in buckets:
-        tensors |= views(bucket.entries, _read_only(bucket.data))
-    return tensors
-
-
 def write(buckets: Iterable[Bucket], out: BinaryIO) -> None:
     """The buckets' bytes one after another, from where `out` stands: what `read` takes
     back with their manifest."""
@@ -92,7 +83,9 @@ def read(path: str, buckets: list[tuple[Entry, ...]]) -> dict[str, torch.Tensor]
     """The tensors of a file `write` wrote with `buckets`' entries, each a view of the file
     mapped in memory, read-only: no copy is made until they are copied into a model."""
     sizes = [size_of(entries) for entries in buckets]
-    data = _read_only(np.memmap(path, np.uint8, mode="r"))
+    with warnings.catch_warnings():  # torch warns that a read-only mapping is not writable
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        data = torch.from_numpy(np.memmap(path, np.uint8, mode="r"))
     if len(data) != sum(sizes):
         raise ValueError(f"{len(data)} bytes, where the buckets hold {sum(sizes)}")
     tensors, start = {}, 0
@@ -100,14 +93,6 @@ def read(path: str, buckets: list[tuple[Entry, ...]]) -> dict[str, torch.Tensor]
         tensors |= views(entries, data[start : start + size])
         start += size
     return tensors
-
-
-def _read_only(data: np.ndarray) -> torch.Tensor:
-    """`data` as a tensor: one in Ray's object store, or a file mapped read-only, is not
-    writable, which torch would warn of at every bucket."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return torch.from_numpy(data)
 
 
 def views(entries: Iterable[Entry], data: torch.Tensor) -> dict[str, torch.Tensor]:
