@@ -95,9 +95,11 @@ def test_held_buckets_take_deltas_and_fetch_whole_buckets_only_where_needed():
         v2 = pack(changed(weights(), 0.02), torch.bfloat16, bucket_bytes=2048)
         assert len(v1) > 1
         full1, full2 = [ray.put(b) for b in v1], [ray.put(b) for b in v2]
+        sizes = [b.data.nbytes for b in v1]
+        push1 = Push(1, 0, [None] * len(v1), full1, sizes, keep=True)
         deltas = [encode(a, b, base=1) for a, b in zip(v1, v2, strict=True)]
         assert all(d is not None for d in deltas)
-        push2 = Push(2, 1, [ray.put(d) for d in deltas], full2, keep=True)
+        push2 = Push(2, 1, [ray.put(d) for d in deltas], full2, sizes, keep=True)
 
         def same(held: HeldBuckets, buckets: list[Bucket]) -> bool:
             pairs = zip(held.buckets, buckets, strict=True)
@@ -108,26 +110,29 @@ def test_held_buckets_take_deltas_and_fetch_whole_buckets_only_where_needed():
         assert fresh.take(push2)[1] == total_bytes(v2) and same(fresh, v2) and fresh.version == 2
         # the push before held: the deltas alone
         held = HeldBuckets()
-        assert held.take(Push(1, 0, [None] * len(v1), full1, keep=True))[1] == total_bytes(v1)
+        assert held.take(push1)[1] == total_bytes(v1)
         assert held.take(push2)[1] == sum(d.nbytes for d in deltas) < total_bytes(v2) / 4
         assert same(held, v2) and held.buckets[0].data.flags.writeable
         # a base whose bytes are not the delta's (one bucket spoilt): that bucket whole
         spoilt = HeldBuckets()
-        spoilt.take(Push(1, 0, [None] * len(v1), full1, keep=True))
+        spoilt.take(push1)
         data = spoilt.buckets[1].data.copy()
         data[:2] ^= 0xFF
         spoilt.buckets[1] = Bucket(spoilt.buckets[1].entries, data)
-        _, moved = spoilt.take(push2)
+        laid: list[tuple[int, bytes]] = []
+        _, moved = spoilt.take(push2, lambda i, bucket: laid.append((i, bucket.data.tobytes())))
         assert moved == sum(d.nbytes for d in deltas) + v2[1].data.nbytes
         assert same(spoilt, v2)
+        # every bucket laid once with its index, whether built here or fetched whole
+        assert sorted(laid) == [(i, bucket.data.tobytes()) for i, bucket in enumerate(v2)]
         # another base version: whole, no delta fetched
         behind = HeldBuckets()
-        behind.take(Push(1, 0, [None] * len(v1), full1, keep=True))
-        assert behind.take(Push(3, 2, push2.deltas, full2, keep=True))[1] == total_bytes(v2)
+        behind.take(push1)
+        assert behind.take(Push(3, 2, push2.deltas, full2, sizes, keep=True))[1] == total_bytes(v2)
         assert same(behind, v2)
         # without `delta` nothing is kept: the store may free the buckets
         dropped = HeldBuckets()
-        buckets, moved = dropped.take(Push(1, 0, [None] * len(v1), full1, keep=False))
+        buckets, moved = dropped.take(Push(1, 0, [None] * len(v1), full1, sizes, keep=False))
         assert moved == total_bytes(v1) and len(buckets) == len(v1)
         assert (dropped.buckets, dropped.version) == ([], None)
     finally:

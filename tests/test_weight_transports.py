@@ -57,8 +57,11 @@ def test_an_actors_memory_file_is_read_by_another_process_and_emptied_after():
     weights = {"a": torch.randn(3, 5), "b": torch.randn(100)}
     buckets = pack(weights, bucket_bytes=64)
     memory = MemoryFile()
+    path = memory.path
     for _ in range(2):  # written over in place at each push
-        with memory.holding(buckets) as path:
+        with memory.holding([b.data.nbytes for b in buckets]) as lay:
+            for index in reversed(range(len(buckets))):  # each at its place, whatever the order
+                lay(index, buckets[index])
             script = "import sys; sys.stdout.buffer.write(open(sys.argv[1], 'rb').read())"
             read = subprocess.run([sys.executable, "-c", script, path], capture_output=True)
             assert read.returncode == 0 and read.stdout == b"".join(

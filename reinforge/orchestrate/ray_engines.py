@@ -141,14 +141,15 @@ class EngineActor:
     def take_weights(self, token: str, push: Push) -> tuple[int, int]:
         """The weights of `push` to this node's engine: built from the deltas on the
         buckets this actor holds, or pulled whole from the store where they do not apply
-        (`HeldBuckets`), then laid in a file of the actor's memory with their manifest,
-        posted as any control is (`post`). The version the engine then serves, and the
-        bytes the actor took from the store."""
-        buckets, moved = self.held.take(push)
+        (`HeldBuckets`), each laid in a file of the actor's memory as soon as it is here;
+        then the file's path and the buckets' manifest, posted as any control is (`post`).
+        The version the engine then serves, and the bytes the actor took from the store."""
         if self.memory is None:
             self.memory = MemoryFile()
-        with self.memory.holding(buckets) as path:
-            body = {"path": path, "buckets": manifest(buckets), "version": push.version}
+        with self.memory.holding(push.sizes) as lay:
+            buckets, moved = self.held.take(push, lay)
+            body = {"path": self.memory.path, "buckets": manifest(buckets)}
+            body["version"] = push.version
             answer = self.post(token, "/weights", body, "take the weights")
         return answer["policy_version"], moved
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -29,7 +30,7 @@ from reinforge.orchestrate.weight_sync import (
     check_versions,
     packed_weights,
 )
-from reinforge.policy.weight_buckets import Bucket, write
+from reinforge.policy.weight_buckets import Bucket
 from reinforge.policy.weight_delta import Delta, apply, encode
 from reinforge.train.trainer import PolicyTrainer
 
@@ -54,14 +55,17 @@ class Push:
     """Per bucket, the ref of its `Delta`, or None where it goes whole."""
     full: list[Any]
     """Every bucket whole (refs)."""
+    sizes: list[int]
+    """Every bucket's bytes: where each lies in the file its engine reads, known before
+    any arrives."""
     keep: bool
     """Whether an actor keeps the buckets for the next push's deltas (`delta`): else it
     drops them once its engine has them, and the store may free them."""
 
     @classmethod
-    def whole(cls, version: int, full: list[Any], keep: bool) -> Push:
+    def whole(cls, version: int, full: list[Any], sizes: list[int], keep: bool) -> Push:
         """Every bucket whole: what a rejoining engine takes."""
-        return cls(version, version, [None] * len(full), full, keep)
+        return cls(version, version, [None] * len(full), full, sizes, keep)
 
 
 class ObjectStorePush(EngineLinks):
@@ -82,16 +86,19 @@ class ObjectStorePush(EngineLinks):
         deltas are from."""
         self._last: list[Any] = []
         """The last push's buckets in the object store (their refs keep them there)."""
+        self._sizes: list[int] = []
+        """Their bytes."""
 
     def _deliver(self, trainer: PolicyTrainer, version: int) -> tuple[int, int, float]:
         started = time.perf_counter()
         buckets = packed_weights(trainer, self._dtype)
         self._last = [ray.put(bucket) for bucket in buckets]
+        self._sizes = [bucket.data.nbytes for bucket in buckets]
         deltas = [self._changes(i, bucket) for i, bucket in enumerate(buckets)]
         self._held = buckets if self._delta else []
         pack_s = time.perf_counter() - started
         up = self.up()
-        push = Push(version, self.version, deltas, self._last, self._delta)
+        push = Push(version, self.version, deltas, self._last, self._sizes, self._delta)
         served = self._engines.give(up, push)
         for index, answer in zip(up, served, strict=True):
             if answer is None:
@@ -107,7 +114,7 @@ class ObjectStorePush(EngineLinks):
         return None if delta is None else ray.put(delta)
 
     def _give_last(self, index: int) -> None:
-        whole = Push.whole(self.version, self._last, keep=self._delta)
+        whole = Push.whole(self.version, self._last, self._sizes, keep=self._delta)
         if self._engines.give([index], whole) == [None]:
             raise EngineGone(f"engine {index} did not take the weights")
 
@@ -122,9 +129,13 @@ class HeldBuckets:
         self.version: int | None = None
         self.buckets: list[Bucket] = []
 
-    def take(self, push: Push) -> tuple[list[Bucket], int]:
+    def take(
+        self, push: Push, lay: Callable[[int, Bucket], None] = lambda index, bucket: None
+    ) -> tuple[list[Bucket], int]:
         """`push`'s buckets, built from its deltas where they apply and fetched whole where
-        not; and the bytes fetched for them."""
+        not, each given to `lay` with its index as soon as it is here (from another thread
+        for one fetched); and the bytes fetched for them. Each whole bucket is fetched by
+        a thread of its own, so that one is laid while the others still travel."""
         based = self.version == push.base and len(self.buckets) == len(push.full)
         wanted = [i for i, ref in enumerate(push.deltas) if based and ref is not None]
         deltas: list[Delta] = ray.get([push.deltas[i] for i in wanted])
@@ -135,10 +146,19 @@ class HeldBuckets:
             if bucket is not None:
                 built[i] = bucket
         whole = [i for i in range(len(push.full)) if i not in built]
-        fetched: list[Bucket] = ray.get([push.full[i] for i in whole])
-        for i, bucket in zip(whole, fetched, strict=True):
-            built[i] = bucket
-            moved += bucket.data.nbytes
+
+        def fetch(index: int) -> Bucket:
+            bucket = ray.get(push.full[index])
+            lay(index, bucket)
+            return bucket
+
+        with ThreadPoolExecutor(max(len(whole), 1)) as pool:
+            fetching = [pool.submit(fetch, i) for i in whole]
+            for i, bucket in built.items():
+                lay(i, bucket)
+            for i, future in zip(whole, fetching, strict=True):
+                built[i] = future.result()
+                moved += built[i].data.nbytes
         buckets = [built[i] for i in range(len(push.full))]
         self.buckets, self.version = (buckets, push.version) if push.keep else ([], None)
         return buckets, moved
@@ -149,7 +169,8 @@ class MemoryFile:
     (`POST /v1/weights` with their manifest): a file in the actor's own memory (memfd),
     which the engine opens by its /proc path. Nothing of it is left in the node's /dev/shm
     should the actor be killed, and it holds the buckets' bytes as they are, one copy out of
-    the store where a safetensors file took more. It is emptied once the engine has the
+    the store where a safetensors file took more. Each bucket is laid at its place as it
+    arrives, while the others still travel. The file is emptied once the engine has the
     weights, so it costs the node that memory only for the hand-over."""
 
     def __init__(self) -> None:
@@ -162,13 +183,20 @@ class MemoryFile:
         self.path = f"/proc/{os.getpid()}/fd/{self._fd}"
 
     @contextmanager
-    def holding(self, buckets: list[Bucket]) -> Iterator[str]:
-        """The file's path, the file holding `buckets` while the body runs."""
+    def holding(self, sizes: list[int]) -> Iterator[Callable[[int, Bucket], None]]:
+        """What lays bucket `index` in the file, at its place among buckets of `sizes`
+        bytes, from any thread: the file holds them while the body runs."""
+        offsets = [sum(sizes[:index]) for index in range(len(sizes))]
+
+        def lay(index: int, bucket: Bucket) -> None:
+            data, offset = memoryview(bucket.data), offsets[index]
+            while data:
+                written = os.pwrite(self._fd, data, offset)
+                data, offset = data[written:], offset + written
+
         try:
-            with open(self._fd, "wb", buffering=0, closefd=False) as out:
-                out.seek(0)
-                write(buckets, out)
-            yield self.path
+            os.ftruncate(self._fd, sum(sizes))
+            yield lay
         finally:  # a write that failed part way too
             os.ftruncate(self._fd, 0)
 
@@ -188,5 +216,6 @@ class RayBroadcastPush(BroadcastPush):
 
     def _give_last(self, index: int) -> None:
         refs = [ray.put(bucket) for bucket in self._last]
-        if self._engines.give([index], Push.whole(self.version, refs, keep=False)) == [None]:
+        sizes = [bucket.data.nbytes for bucket in self._last]
+        if self._engines.give([index], Push.whole(self.version, refs, sizes, False)) == [None]:
             raise EngineGone(f"engine {index} did not take the weights")
