@@ -87,7 +87,7 @@ def test_held_buckets_take_deltas_and_fetch_whole_buckets_only_where_needed():
     require_extra("ray", "ray")
     import ray
 
-    from reinforge.orchestrate.ray_weights import HeldBuckets, Push
+    from reinforge.orchestrate.ray_weights import FETCHERS, HeldBuckets, Push
 
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
@@ -125,6 +125,13 @@ def test_held_buckets_take_deltas_and_fetch_whole_buckets_only_where_needed():
         assert same(spoilt, v2)
         # every bucket laid once with its index, whether built here or fetched whole
         assert sorted(laid) == [(i, bucket.data.tobytes()) for i, bucket in enumerate(v2)]
+        # more buckets than fetching threads: every one still laid once, with its index
+        many = pack({f"t{i}": torch.full((4,), float(i)) for i in range(3 * FETCHERS)}, None, 16)
+        sizes_many = [bucket.data.nbytes for bucket in many]
+        laid.clear()
+        whole = Push.whole(1, [ray.put(b) for b in many], sizes_many, keep=False)
+        HeldBuckets().take(whole, lambda i, bucket: laid.append((i, bucket.data.tobytes())))
+        assert sorted(laid) == [(i, bucket.data.tobytes()) for i, bucket in enumerate(many)]
         # another base version: whole, no delta fetched
         behind = HeldBuckets()
         behind.take(push1)

@@ -43,6 +43,12 @@ if TYPE_CHECKING:
     from reinforge.orchestrate.ray_engines import RayEngines
 
 
+FETCHERS = 8
+"""Whole buckets an engine's actor fetches at once, each laid as soon as it is here: enough
+that one is laid while the next travel, few enough that a model of hundreds of buckets
+does not start a thread for each."""
+
+
 @dataclass(frozen=True)
 class Push:
     """One push as the engines' actors take it. Its refs travel inside it, so Ray fetches
@@ -134,8 +140,8 @@ class HeldBuckets:
     ) -> tuple[list[Bucket], int]:
         """`push`'s buckets, built from its deltas where they apply and fetched whole where
         not, each given to `lay` with its index as soon as it is here (from another thread
-        for one fetched); and the bytes fetched for them. Each whole bucket is fetched by
-        a thread of its own, so that one is laid while the others still travel."""
+        for one fetched); and the bytes fetched for them. Whole buckets are fetched
+        `FETCHERS` at a time, so that one is laid while the next still travel."""
         based = self.version == push.base and len(self.buckets) == len(push.full)
         wanted = [i for i, ref in enumerate(push.deltas) if based and ref is not None]
         deltas: list[Delta] = ray.get([push.deltas[i] for i in wanted])
@@ -152,7 +158,7 @@ class HeldBuckets:
             lay(index, bucket)
             return bucket
 
-        with ThreadPoolExecutor(max(len(whole), 1)) as pool:
+        with ThreadPoolExecutor(min(max(len(whole), 1), FETCHERS)) as pool:
             fetching = [pool.submit(fetch, i) for i in whole]
             for i, bucket in built.items():
                 lay(i, bucket)
