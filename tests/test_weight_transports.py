@@ -70,6 +70,10 @@ def test_an_actors_memory_file_is_read_by_another_process_and_emptied_after():
             back = weight_buckets.read(path, [b.entries for b in buckets])
             assert all(torch.equal(back[name], tensor) for name, tensor in weights.items())
         assert Path(path).stat().st_size == 0  # the node's memory given back
+    # a bucket of another size than the push said would shift every one after it
+    with pytest.raises(ValueError, match="bucket 0: "), memory.holding([1, 2]) as lay:
+        lay(0, buckets[0])
+    assert Path(path).stat().st_size == 0
 
 
 def test_the_object_store_carries_the_weights_to_every_engine_and_a_rejoining_one(tmp_path):

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -192,10 +193,12 @@ class MemoryFile:
     def holding(self, sizes: list[int]) -> Iterator[Callable[[int, Bucket], None]]:
         """What lays bucket `index` in the file, at its place among buckets of `sizes`
         bytes, from any thread: the file holds them while the body runs."""
-        offsets = [sum(sizes[:index]) for index in range(len(sizes))]
+        offsets = list(accumulate(sizes, initial=0))
 
         def lay(index: int, bucket: Bucket) -> None:
             data, offset = memoryview(bucket.data), offsets[index]
+            if data.nbytes != sizes[index]:  # else every bucket after it would be misread
+                raise ValueError(f"bucket {index}: {data.nbytes} bytes, not {sizes[index]}")
             while data:
                 written = os.pwrite(self._fd, data, offset)
                 data, offset = data[written:], offset + written
