@@ -32,43 +32,49 @@ def on_host_a(address: str, model: str, dtype: str, rounds: int) -> list[dict[st
     import torch
 
     from reinforge.policy.models import load_model
-    from reinforge.policy.weight_buckets import pack
+    from reinforge.policy.weight_buckets import Bucket, pack
 
     weights, _ = load_model(model)
     buckets = pack(weights.state_dict(), getattr(torch, dtype))
+    sizes = [bucket.data.nbytes for bucket in buckets]
     del weights
     ray.init(address=address, log_to_driver=False)
 
     @ray.remote(resources={"host_b": 1}, num_cpus=0)
     class Taker:
-        def take(self, refs: list[Any]) -> tuple[float, float]:
+        """An engine's actor's part of a push, without the threads that overlap it."""
+
+        def __init__(self) -> None:
+            from reinforge.orchestrate.ray_weights import MemoryFile
+
+            self.memory = MemoryFile()
+
+        def take(self, refs: list[Any], sizes: list[int]) -> tuple[float, float]:
             started = time.perf_counter()
             arrived = ray.get(refs)
             fetched = time.perf_counter()
-            fd = os.memfd_create("store-transfer")
-            offset = 0
-            for data in arrived:
-                os.pwrite(fd, memoryview(data), offset)
-                offset += data.nbytes
-            os.close(fd)
+            with self.memory.holding(sizes) as lay:
+                for index, bucket in enumerate(arrived):
+                    lay(index, bucket)
             return fetched - started, time.perf_counter() - fetched
 
     taker = Taker.remote()
-    ray.get(taker.take.remote([ray.put(np.zeros(8, np.uint8))]))  # placed and warm
+    warm = Bucket(buckets[0].entries[:0], np.zeros(8, np.uint8))
+    ray.get(taker.take.remote([ray.put(warm)], [8]))  # placed and warm
     rows = []
     for index in range(rounds):
-        datas = [bucket.data + np.uint8(index + 1) for bucket in buckets]
+        changed = [Bucket(b.entries, b.data + np.uint8(index + 1)) for b in buckets]
         started = time.perf_counter()
-        refs = [ray.put(data) for data in datas]
+        refs = [ray.put(bucket) for bucket in changed]
         put_s = time.perf_counter() - started
-        transfer_s, lay_s = ray.get(taker.take.remote(refs))
+        transfer_s, lay_s = ray.get(taker.take.remote(refs, sizes))
         rows.append({"put_s": put_s, "transfer_s": transfer_s, "lay_s": lay_s})
         print(
             f"round {index}: put {put_s:.2f} s, host A -> B {transfer_s:.2f} s, "
             f"laid in a memory file {lay_s:.2f} s",
             flush=True,
         )
-        del refs, datas
+        del refs, changed
     return rows
 
 
