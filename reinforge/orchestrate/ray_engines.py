@@ -148,8 +148,11 @@ class EngineActor:
             self.memory = MemoryFile()
         with self.memory.holding(push.sizes) as lay:
             buckets, moved = self.held.take(push, lay)
-            body = {"path": self.memory.path, "buckets": manifest(buckets)}
-            body["version"] = push.version
+            body = {
+                "path": self.memory.path,
+                "buckets": manifest(buckets),
+                "version": push.version,
+            }
             answer = self.post(token, "/weights", body, "take the weights")
         return answer["policy_version"], moved
 
