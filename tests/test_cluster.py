@@ -24,6 +24,8 @@ from .commands import ROOT, tiny_train
 from .conftest import require_extra
 from .test_several_engines import gone
 
+pytestmark = pytest.mark.xdist_group("ray")  # one local Ray cluster at a time
+
 
 def _rows(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

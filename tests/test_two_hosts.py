@@ -24,6 +24,8 @@ from .conftest import require_extra
 from .test_several_engines import RELEASE_ENV, holding
 from .twohosts import Host, TwoHosts, created, two_hosts
 
+pytestmark = pytest.mark.xdist_group("ray")  # one local Ray cluster at a time
+
 
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[TwoHosts]:
