@@ -45,7 +45,7 @@ def on_host_a(address: str, model: str, dtype: str, rounds: int) -> list[dict[st
         """An engine's actor's part of a push, without the threads that overlap it."""
 
         def __init__(self) -> None:
-            from reinforge.orchestrate.ray_weights import MemoryFile
+            from reinforge.policy.weight_buckets import MemoryFile
 
             self.memory = MemoryFile()
 

@@ -19,7 +19,7 @@ from reinforge.policy.config import EngineConfig, ServerConfig
 from reinforge.policy.engine import Engine
 from reinforge.policy.models import load_model
 from reinforge.policy.server import create_app
-from reinforge.policy.weight_buckets import manifest, pack, write
+from reinforge.policy.weight_buckets import manifest, pack
 
 from .commands import ROOT, serving, tiny_train
 from .conftest import ENGINES, require_vllm
@@ -63,8 +63,7 @@ def test_weights_need_this_machine_and_the_token(server, tmp_path):
 def test_buckets_that_do_not_fit_their_file_or_manifest_are_refused(server, tmp_path):
     buckets = pack(_perturbed_weights(tmp_path / "w.safetensors"))
     path = tmp_path / "w.buckets"
-    with path.open("wb") as out:
-        write(buckets, out)
+    path.write_bytes(b"".join(b.data.tobytes() for b in buckets))
     headers = {"Authorization": f"Bearer {TOKEN}"}
     version = httpx.get(f"{server}/health").json()["policy_version"]
     entry = {"name": "x", "dtype": "float99", "shape": [1], "offset": 0, "nbytes": 4}
@@ -102,8 +101,7 @@ def test_pushed_weights_are_the_policy_that_samples_next(server, tmp_path, layou
         buckets = pack(state, bucket_bytes=2**16)
         assert len(buckets) > 1
         path = tmp_path / "w.buckets"
-        with path.open("wb") as out:
-            write(buckets, out)
+        path.write_bytes(b"".join(b.data.tobytes() for b in buckets))
         update = {"path": str(path), "buckets": manifest(buckets), "version": 7}
     headers = {"Authorization": f"Bearer {TOKEN}"}
     response = httpx.post(f"{server}/v1/weights", json=update, headers=headers, timeout=60)

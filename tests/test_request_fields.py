@@ -30,7 +30,7 @@ from reinforge.policy.config import EngineConfig, ServerConfig
 from reinforge.policy.engine import Engine
 from reinforge.policy.models import load_model
 from reinforge.policy.server import create_app
-from reinforge.policy.weight_buckets import manifest, pack, write
+from reinforge.policy.weight_buckets import manifest, pack
 from reinforge.policy.weight_group import new_group
 
 from .conftest import http_server
@@ -301,8 +301,7 @@ def _weights_in_buckets(api: Api, route: str) -> None:
     weights = {n: p.detach().clone() for n, p in api.engine.model.named_parameters()}
     buckets = pack(weights, bucket_bytes=2**16)
     path = api.folder / "weights.buckets"
-    with path.open("wb") as out:
-        write(buckets, out)
+    path.write_bytes(b"".join(b.data.tobytes() for b in buckets))
     good = {"path": str(path), "buckets": manifest(buckets), "version": 4}
     assert api.post("/v1/weights", good).json() == {"policy_version": 4}
     assert api.sample("completions")["choices"][0]["policy_versions"] == [4, 4]

@@ -22,7 +22,6 @@ control goes through each engine's actor, which posts it on the engine's node.
 
 from __future__ import annotations
 
-import shutil
 import socket
 import time
 from concurrent.futures import Future
@@ -39,9 +38,8 @@ from reinforge.orchestrate.weight_sync import (
     Relay,
     check_versions,
     packed_weights,
-    weights_folder,
 )
-from reinforge.policy.weight_buckets import Bucket, manifest, total_bytes, write
+from reinforge.policy.weight_buckets import Bucket, MemoryFile, manifest, total_bytes
 from reinforge.policy.weight_group import new_group
 from reinforge.train.trainer import PolicyTrainer
 
@@ -182,17 +180,17 @@ class BroadcastPush(EngineLinks):
             group.shutdown()
 
     def _give_last(self, index: int) -> None:
-        """As a file of the buckets' bytes with their manifest, as an object store's actor
+        """As the buckets in a memory file with their manifest, as an object store's actor
         hands them over: the group forms again, with this engine, at the next push."""
-        folder = weights_folder()
+        memory = MemoryFile()
+        body = {"path": memory.path, "buckets": manifest(self._last), "version": self.version}
         try:
-            path = folder / "weights.buckets"
-            with path.open("wb") as out:
-                write(self._last, out)
-            body = {"path": str(path), "buckets": manifest(self._last), "version": self.version}
-            self.post(index, "/weights", body, "take the weights")
+            with memory.holding([bucket.data.nbytes for bucket in self._last]) as lay:
+                for i, bucket in enumerate(self._last):
+                    lay(i, bucket)
+                self.post(index, "/weights", body, "take the weights")
         finally:
-            shutil.rmtree(folder, ignore_errors=True)
+            memory.close()
 
     def close(self) -> None:
         self._disband()

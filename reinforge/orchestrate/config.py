@@ -186,8 +186,9 @@ class ObjectStoreSync(Section):
 class BroadcastSync(Section):
     """Cast to `engine.dtype` and broadcast in buckets over a gloo process group of the
     run's process and its engines, each engine copying one bucket in while the next
-    arrives; no file is written. A restarted engine catches up from a file of the last
-    push on the run's machine, from Ray's object store on a Ray run's nodes."""
+    arrives; no file is written. A restarted engine catches up from the last push, laid in
+    a file of the run's own memory on its machine, from Ray's object store on a Ray run's
+    nodes."""
 
     kind: Literal["broadcast"] = "broadcast"
     timeout_s: float = Field(30.0, gt=0.0)

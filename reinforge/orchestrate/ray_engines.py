@@ -43,7 +43,6 @@ from reinforge.orchestrate.ray_actors import ANSWER_S, ask, death, node_id, ray,
 from reinforge.orchestrate.ray_logs import LogCopies
 from reinforge.orchestrate.ray_weights import (
     HeldBuckets,
-    MemoryFile,
     ObjectStorePush,
     Push,
     RayBroadcastPush,
@@ -55,7 +54,7 @@ from reinforge.orchestrate.weight_sync import (
     loopback,
     post_to_engine,
 )
-from reinforge.policy.weight_buckets import manifest
+from reinforge.policy.weight_buckets import MemoryFile, manifest
 
 if TYPE_CHECKING:
     from reinforge.orchestrate.ray_cluster import RayCluster

@@ -12,18 +12,14 @@ checksum that does not match.
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
-from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from reinforge.errors import UsageError
 from reinforge.orchestrate.broadcast_weights import BroadcastPush
 from reinforge.orchestrate.weight_sync import (
     EngineGone,
@@ -136,9 +132,7 @@ class HeldBuckets:
         self.version: int | None = None
         self.buckets: list[Bucket] = []
 
-    def take(
-        self, push: Push, lay: Callable[[int, Bucket], None] = lambda index, bucket: None
-    ) -> tuple[list[Bucket], int]:
+    def take(self, push: Push, lay: Callable[[int, Bucket], None]) -> tuple[list[Bucket], int]:
         """`push`'s buckets, built from its deltas where they apply and fetched whole where
         not, each given to `lay` with its index as soon as it is here (from another thread
         for one fetched); and the bytes fetched for them. Whole buckets are fetched
@@ -169,45 +163,6 @@ class HeldBuckets:
         buckets = [built[i] for i in range(len(push.full))]
         self.buckets, self.version = (buckets, push.version) if push.keep else ([], None)
         return buckets, moved
-
-
-class MemoryFile:
-    """Where an engine's actor lays the buckets it took, for its engine to read
-    (`POST /v1/weights` with their manifest): a file in the actor's own memory (memfd),
-    which the engine opens by its /proc path. Nothing of it is left in the node's /dev/shm
-    should the actor be killed, and it holds the buckets' bytes as they are, one copy out of
-    the store where a safetensors file took more. Each bucket is laid at its place as it
-    arrives, while the others still travel. The file is emptied once the engine has the
-    weights, so it costs the node that memory only for the hand-over."""
-
-    def __init__(self) -> None:
-        if not hasattr(os, "memfd_create"):
-            raise UsageError(
-                'engines.weight_sync = "object_store" hands weights to each engine through a '
-                "memory file (memfd), which only Linux has: take the broadcast"
-            )
-        self._fd = os.memfd_create("reinforge-weights", os.MFD_CLOEXEC)
-        self.path = f"/proc/{os.getpid()}/fd/{self._fd}"
-
-    @contextmanager
-    def holding(self, sizes: list[int]) -> Iterator[Callable[[int, Bucket], None]]:
-        """What lays bucket `index` in the file, at its place among buckets of `sizes`
-        bytes, from any thread: the file holds them while the body runs."""
-        offsets = list(accumulate(sizes, initial=0))
-
-        def lay(index: int, bucket: Bucket) -> None:
-            data, offset = memoryview(bucket.data), offsets[index]
-            if data.nbytes != sizes[index]:  # else every bucket after it would be misread
-                raise ValueError(f"bucket {index}: {data.nbytes} bytes, not {sizes[index]}")
-            while data:
-                written = os.pwrite(self._fd, data, offset)
-                data, offset = data[written:], offset + written
-
-        try:
-            os.ftruncate(self._fd, sum(sizes))
-            yield lay
-        finally:  # a write that failed part way too
-            os.ftruncate(self._fd, 0)
 
 
 class RayBroadcastPush(BroadcastPush):

@@ -10,13 +10,18 @@ process of a node reads the one copy in its object store.
 
 from __future__ import annotations
 
+import os
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Any, BinaryIO
+from itertools import accumulate
+from typing import Any
 
 import numpy as np
 import torch
+
+from reinforge.errors import UsageError
 
 BUCKET_BYTES = 256 * 2**20
 """Large enough that a bucket's fixed costs vanish, small enough that the first bucket can
@@ -72,16 +77,10 @@ def pack(
     return buckets
 
 
-def write(buckets: Iterable[Bucket], out: BinaryIO) -> None:
-    """The buckets' bytes one after another, from where `out` stands: what `read` takes
-    back with their manifest."""
-    for bucket in buckets:
-        out.write(memoryview(bucket.data))
-
-
 def read(path: str, buckets: list[tuple[Entry, ...]]) -> dict[str, torch.Tensor]:
-    """The tensors of a file `write` wrote with `buckets`' entries, each a view of the file
-    mapped in memory, read-only: no copy is made until they are copied into a model."""
+    """The tensors of a file of buckets laid end to end (`MemoryFile`), with their entries:
+    each a view of the file mapped in memory, read-only, so that no copy is made until they
+    are copied into a model."""
     sizes = [size_of(entries) for entries in buckets]
     with warnings.catch_warnings():  # torch warns that a read-only mapping is not writable
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -118,3 +117,46 @@ def size_of(entries: tuple[Entry, ...]) -> int:
 
 def total_bytes(buckets: Iterable[Bucket]) -> int:
     return sum(bucket.data.nbytes for bucket in buckets)
+
+
+class MemoryFile:
+    """Where buckets are laid end to end for an engine of this machine to `read` (`POST
+    /v1/weights` with their manifest): a file in this process's own memory (memfd), which
+    the engine opens by its /proc path. Nothing of it is left in /dev/shm should the
+    process be killed, and it holds the buckets' bytes as they are, one copy where a
+    safetensors file took more. Each bucket is laid at its place whenever it arrives (an
+    engine's actor lays each one as soon as it is on the node, while the others still
+    travel). The file is emptied once the engine has the weights, so it costs the machine
+    that memory only for the hand-over."""
+
+    def __init__(self) -> None:
+        if not hasattr(os, "memfd_create"):
+            raise UsageError(
+                "weights reach an engine in buckets through a memory file (memfd), which "
+                'only Linux has: take engines.weight_sync = "file"'
+            )
+        self._fd = os.memfd_create("reinforge-weights", os.MFD_CLOEXEC)
+        self.path = f"/proc/{os.getpid()}/fd/{self._fd}"
+
+    @contextmanager
+    def holding(self, sizes: list[int]) -> Iterator[Callable[[int, Bucket], None]]:
+        """What lays bucket `index` in the file, at its place among buckets of `sizes`
+        bytes, from any thread: the file holds them while the body runs."""
+        offsets = list(accumulate(sizes, initial=0))
+
+        def lay(index: int, bucket: Bucket) -> None:
+            data, offset = memoryview(bucket.data), offsets[index]
+            if data.nbytes != sizes[index]:  # else every bucket after it would be misread
+                raise ValueError(f"bucket {index}: {data.nbytes} bytes, not {sizes[index]}")
+            while data:
+                written = os.pwrite(self._fd, data, offset)
+                data, offset = data[written:], offset + written
+
+        try:
+            os.ftruncate(self._fd, sum(sizes))
+            yield lay
+        finally:  # a write that failed part way too
+            os.ftruncate(self._fd, 0)
+
+    def close(self) -> None:
+        os.close(self._fd)
