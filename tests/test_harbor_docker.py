@@ -14,9 +14,13 @@ import pytest
 from reinforge.envs.harbor.agents import ScriptAgent
 from reinforge.envs.harbor.environment import HarborEnvironment
 from reinforge.envs.registry import load_environment
+from reinforge.sandbox.docker import LABEL
+from reinforge.sandbox.reaper import owner_alive
 
 from .commands import reinforge
 from .test_harbor_env import played_by, run_all, write_task
+
+pytestmark = pytest.mark.xdist_group("docker")  # their task's image is one, removed after each
 
 TEST_SH = """\
 ok=1
@@ -45,24 +49,28 @@ def docker_task(docker_image: str, tmp_path: Path) -> Iterator[Path]:
     subprocess.run(["docker", "rmi", "--force", tag], capture_output=True)
 
 
-def containers() -> set[str]:
+def left_behind() -> set[str]:
+    """Sandbox containers whose owner has exited: what a finished command left (those of a
+    process still running, another test's, are not)."""
     listed = subprocess.run(
-        ["docker", "ps", "--all", "--filter", "label=reinforge.sandbox.owner", "-q"],
+        ["docker", "ps", "--all", "--filter", f"label={LABEL}",
+         "--format", f'{{{{.ID}}}} {{{{.Label "{LABEL}"}}}}'],
         capture_output=True,
         text=True,
-    )
-    return set(listed.stdout.split())
+    )  # fmt: skip
+    rows = [line.split() for line in listed.stdout.splitlines()]
+    return {row[0] for row in rows if len(row) == 2 and not owner_alive(row[1])}
 
 
 @pytest.mark.parametrize(("agent", "reward"), [("oracle", 1.0), ("nop", 0.0)])
 def test_eval_of_a_task_that_needs_docker(docker_task, tmp_path, agent, reward):
-    before = containers()
+    before = left_behind()
     result = reinforge("eval", str(docker_task), "--agent", agent, "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "building the image of Harbor task bump-counter" in result.stderr
     rows = [json.loads(r) for r in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
     assert rows and all(r["status"] == "ok" and r["reward"] == reward for r in rows), rows
-    assert containers() == before  # the agent's and the verifier's containers are gone
+    assert left_behind() == before  # the agent's and the verifier's containers are gone
 
 
 async def test_the_agent_container_holds_the_image_and_nothing_of_the_grading(docker_task):
