@@ -59,8 +59,11 @@ class Supervisor:
         router, sync, ended = engine.router, engine.sync, await processes.ended(index)
         if ended is None and index not in router.down and sync.joined(index):
             return  # serving
-        if ended is not None or not await answers(http, sync.urls[index]):
-            self._count(processes, index, ended or "stopped answering")
+        if ended is None and not await answers(http, sync.urls[index]):
+            # one that exited while it was asked is said to have, with its code
+            ended = await processes.ended(index) or "stopped answering"
+        if ended is not None:
+            self._count(processes, index, ended)
             router.take_down(index)
             sync.leave(index)
             await processes.restart(index)
