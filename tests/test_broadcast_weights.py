@@ -196,7 +196,6 @@ def test_a_run_broadcasts_every_step_to_both_engines(tmp_path, mode):
                 assert versions == sorted(versions) and step - 1 - min(versions) <= 1
 
 
-@pytest.mark.xdist_group("ray")  # one local Ray cluster at a time
 def test_a_ray_runs_engines_take_the_broadcast_through_their_actors(tmp_path):
     """Engines as Ray actors: each joins the group at its node's address, told through its
     actor; one that misses a push catches up from the object store and is in the next

@@ -23,25 +23,11 @@ from reinforge.orchestrate.ray_cluster import hidden_gpus
 from .commands import ROOT, tiny_train
 from .conftest import require_extra
 from .test_several_engines import gone
-
-pytestmark = pytest.mark.xdist_group("ray")  # one local Ray cluster at a time
+from .twohosts import session
 
 
 def _rows(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-def _ray_processes() -> set[int]:
-    """This machine's Ray processes: its cluster's daemons and workers."""
-    found = set()
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            text = cmdline.read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        if b"ray::" in text or b"raylet" in text or b"gcs_server" in text:
-            found.add(int(cmdline.parts[2]))
-    return found
 
 
 def _node_logs(run: Path) -> list[Path]:
@@ -57,8 +43,10 @@ def _train(argv: list[str]) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_sharded_run_on_a_local_ray_cluster_leaves_no_ray_process(tmp_path):
+    """Its Ray cluster's daemons and workers stay in the session of the run's process, as
+    every process it starts does: none of the session is left once the run ended (others'
+    clusters, of other tests, may run meanwhile)."""
     require_extra("ray", "ray")
-    before = _ray_processes()
     argv = tiny_train(
         tmp_path,
         "run.steps=3",
@@ -67,8 +55,12 @@ def test_a_sharded_run_on_a_local_ray_cluster_leaves_no_ray_process(tmp_path):
         "engines.count=2",
         "trainer.world_size=2",
     )
-    done = _train(argv)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run = subprocess.Popen(
+        argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    _, stderr = run.communicate(timeout=900)
+    assert run.returncode == 0, stderr[-3000:]
     rows = _rows(tmp_path / "r")
     assert [row["policy_version"] for row in rows] == [1, 2, 3]  # each step trained
     assert all(row["sync"]["engines"] == 2 for row in rows)
@@ -79,9 +71,9 @@ def test_a_sharded_run_on_a_local_ray_cluster_leaves_no_ray_process(tmp_path):
     assert all("Finished server process" in copy.read_text() for copy in copies)
     assert not _node_logs(tmp_path / "r")
     deadline = time.monotonic() + 60  # the cluster's daemons take a moment to exit
-    while _ray_processes() - before and time.monotonic() < deadline:
+    while session(run.pid) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not _ray_processes() - before
+    assert not session(run.pid)
 
 
 def test_a_run_of_two_ranks_resumes_on_one(tmp_path):

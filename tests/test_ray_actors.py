@@ -32,8 +32,6 @@ from .conftest import require_extra
 from .test_remote_engine import assert_samples_with
 from .test_several_engines import holding
 
-pytestmark = pytest.mark.xdist_group("ray")  # one local Ray cluster at a time
-
 
 @pytest.fixture
 def node(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:

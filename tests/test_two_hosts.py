@@ -24,7 +24,7 @@ from .conftest import require_extra
 from .test_several_engines import RELEASE_ENV, holding
 from .twohosts import Host, TwoHosts, created, two_hosts
 
-pytestmark = pytest.mark.xdist_group("ray")  # one local Ray cluster at a time
+pytestmark = pytest.mark.xdist_group("two_hosts")  # on one worker, which starts `hosts` once
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,6 @@ from reinforge.policy.weight_delta import apply, encode
 
 from .conftest import require_extra
 
-pytestmark = pytest.mark.xdist_group("ray")  # one local Ray cluster at a time
-
 
 def weights(seed: int = 0) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)

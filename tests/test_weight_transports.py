@@ -26,8 +26,6 @@ from reinforge.train.trainer import Trainer
 from .conftest import require_extra
 from .test_remote_engine import assert_samples_with
 
-pytestmark = pytest.mark.xdist_group("ray")  # one local Ray cluster at a time
-
 
 def test_buckets_give_back_every_tensor_cast_and_aligned(tmp_path):
     weights = {

@@ -75,7 +75,7 @@ class Host:
         """The host's live processes (its Ray node's, and what they started) whose command
         line holds `title` (a Ray worker's holds its actor's class: `ray::RankActor`)."""
         found = set()
-        for pid in _session(self.process.pid):
+        for pid in session(self.process.pid):
             try:
                 if title.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
                     found.add(pid)
@@ -236,19 +236,19 @@ def _stop(leader: subprocess.Popen[bytes]) -> None:
     `STOP_S`. By the session the fixture made, never by name (other Ray clusters may run
     here)."""
     for sig, wait_s in ((signal.SIGTERM, STOP_S), (signal.SIGKILL, 10.0)):
-        for pid in _session(leader.pid):
+        for pid in session(leader.pid):
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + wait_s
-        while _session(leader.pid) and time.monotonic() < deadline:
+        while session(leader.pid) and time.monotonic() < deadline:
             leader.poll()  # reaps the leader, which is this process's child
             time.sleep(0.2)
     leader.poll()
 
 
-def _session(sid: int) -> list[int]:
+def session(sid: int) -> list[int]:
     """The live processes of session `sid`."""
     pids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
