@@ -3,6 +3,7 @@ graded out of the agent's reach as on the local backend."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -14,8 +15,7 @@ import pytest
 from reinforge.envs.harbor.agents import ScriptAgent
 from reinforge.envs.harbor.environment import HarborEnvironment
 from reinforge.envs.registry import load_environment
-from reinforge.sandbox.docker import LABEL
-from reinforge.sandbox.reaper import owner_alive
+from reinforge.sandbox.docker import DockerProvider
 
 from .commands import reinforge
 from .test_harbor_env import played_by, run_all, write_task
@@ -50,16 +50,9 @@ def docker_task(docker_image: str, tmp_path: Path) -> Iterator[Path]:
 
 
 def left_behind() -> set[str]:
-    """Sandbox containers whose owner has exited: what a finished command left (those of a
-    process still running, another test's, are not)."""
-    listed = subprocess.run(
-        ["docker", "ps", "--all", "--filter", f"label={LABEL}",
-         "--format", f'{{{{.ID}}}} {{{{.Label "{LABEL}"}}}}'],
-        capture_output=True,
-        text=True,
-    )  # fmt: skip
-    rows = [line.split() for line in listed.stdout.splitlines()]
-    return {row[0] for row in rows if len(row) == 2 and not owner_alive(row[1])}
+    """Sandbox containers whose owner has exited, as the provider's reaper tells them: what
+    a finished command left (those of a process still running, another test's, are not)."""
+    return set(asyncio.run(DockerProvider().stale()))
 
 
 @pytest.mark.parametrize(("agent", "reward"), [("oracle", 1.0), ("nop", 0.0)])

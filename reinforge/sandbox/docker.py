@@ -307,6 +307,13 @@ class DockerProvider:
         atexit.register(self.close_all_sync)
 
     async def reap(self) -> int:
+        stale = await self.stale()
+        if stale:
+            await _docker(self.docker, "rm", "--force", *stale, check=False)
+        return len(stale)
+
+    async def stale(self) -> list[str]:
+        """The containers of sandbox managers that have exited: what a crashed run left."""
         listed = await _docker(
             self.docker,
             "ps",
@@ -316,14 +323,11 @@ class DockerProvider:
             "--format",
             f'{{{{.ID}}}} {{{{.Label "{LABEL}"}}}}',
         )
-        stale = [
+        return [
             line.split()[0]
             for line in listed.stdout.decode().splitlines()
             if len(line.split()) == 2 and not reaper.owner_alive(line.split()[1])
         ]
-        if stale:
-            await _docker(self.docker, "rm", "--force", *stale, check=False)
-        return len(stale)
 
     async def create(self, spec: SandboxSpec | None = None) -> DockerSandbox:
         spec = spec or SandboxSpec()
