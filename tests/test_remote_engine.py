@@ -19,7 +19,7 @@ from reinforge.policy.config import EngineConfig, ServerConfig
 from reinforge.policy.engine import Engine
 from reinforge.policy.models import load_model
 from reinforge.policy.server import create_app
-from reinforge.policy.weight_buckets import manifest, pack
+from reinforge.policy.weight_buckets import Bucket, manifest, pack
 
 from .commands import ROOT, serving, tiny_train
 from .conftest import ENGINES, require_vllm
@@ -34,6 +34,12 @@ def server(request: pytest.FixtureRequest) -> Iterator[str]:
         require_vllm()
     with serving("--engine", request.param, f"server.weights_token={TOKEN}") as url:
         yield url
+
+
+def end_to_end(buckets: list[Bucket]) -> bytes:
+    """The buckets' bytes one after another: a file of them is what an engine reads with
+    their manifest."""
+    return b"".join(bucket.data.tobytes() for bucket in buckets)
 
 
 def _perturbed_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -63,7 +69,7 @@ def test_weights_need_this_machine_and_the_token(server, tmp_path):
 def test_buckets_that_do_not_fit_their_file_or_manifest_are_refused(server, tmp_path):
     buckets = pack(_perturbed_weights(tmp_path / "w.safetensors"))
     path = tmp_path / "w.buckets"
-    path.write_bytes(b"".join(b.data.tobytes() for b in buckets))
+    path.write_bytes(end_to_end(buckets))
     headers = {"Authorization": f"Bearer {TOKEN}"}
     version = httpx.get(f"{server}/health").json()["policy_version"]
     entry = {"name": "x", "dtype": "float99", "shape": [1], "offset": 0, "nbytes": 4}
@@ -101,7 +107,7 @@ def test_pushed_weights_are_the_policy_that_samples_next(server, tmp_path, layou
         buckets = pack(state, bucket_bytes=2**16)
         assert len(buckets) > 1
         path = tmp_path / "w.buckets"
-        path.write_bytes(b"".join(b.data.tobytes() for b in buckets))
+        path.write_bytes(end_to_end(buckets))
         update = {"path": str(path), "buckets": manifest(buckets), "version": 7}
     headers = {"Authorization": f"Bearer {TOKEN}"}
     response = httpx.post(f"{server}/v1/weights", json=update, headers=headers, timeout=60)

@@ -34,6 +34,7 @@ from reinforge.policy.weight_buckets import manifest, pack
 from reinforge.policy.weight_group import new_group
 
 from .conftest import http_server
+from .test_remote_engine import end_to_end
 
 TOKEN = "fields-secret"
 DOCS = Path(__file__).parent.parent / "docs" / "server.md"
@@ -301,7 +302,7 @@ def _weights_in_buckets(api: Api, route: str) -> None:
     weights = {n: p.detach().clone() for n, p in api.engine.model.named_parameters()}
     buckets = pack(weights, bucket_bytes=2**16)
     path = api.folder / "weights.buckets"
-    path.write_bytes(b"".join(b.data.tobytes() for b in buckets))
+    path.write_bytes(end_to_end(buckets))
     good = {"path": str(path), "buckets": manifest(buckets), "version": 4}
     assert api.post("/v1/weights", good).json() == {"policy_version": 4}
     assert api.sample("completions")["choices"][0]["policy_versions"] == [4, 4]

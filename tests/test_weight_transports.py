@@ -24,7 +24,7 @@ from reinforge.policy.weight_buckets import MemoryFile, pack, total_bytes
 from reinforge.train.trainer import Trainer
 
 from .conftest import require_extra
-from .test_remote_engine import assert_samples_with
+from .test_remote_engine import assert_samples_with, end_to_end
 
 
 def test_buckets_give_back_every_tensor_cast_and_aligned(tmp_path):
@@ -37,7 +37,7 @@ def test_buckets_give_back_every_tensor_cast_and_aligned(tmp_path):
     for dtype in (None, torch.bfloat16):
         buckets = pack(weights, dtype, bucket_bytes=256)
         path = tmp_path / "weights.buckets"  # the buckets end to end
-        path.write_bytes(b"".join(b.data.tobytes() for b in buckets))
+        path.write_bytes(end_to_end(buckets))
         back = weight_buckets.read(str(path), [b.entries for b in buckets])
         assert list(back) == list(weights)
         for name, tensor in weights.items():
@@ -62,9 +62,7 @@ def test_a_memory_file_is_read_by_another_process_and_emptied_after():
                 lay(index, buckets[index])
             script = "import sys; sys.stdout.buffer.write(open(sys.argv[1], 'rb').read())"
             read = subprocess.run([sys.executable, "-c", script, path], capture_output=True)
-            assert read.returncode == 0 and read.stdout == b"".join(
-                b.data.tobytes() for b in buckets
-            )
+            assert read.returncode == 0 and read.stdout == end_to_end(buckets)
             back = weight_buckets.read(path, [b.entries for b in buckets])
             assert all(torch.equal(back[name], tensor) for name, tensor in weights.items())
         assert Path(path).stat().st_size == 0  # the node's memory given back
