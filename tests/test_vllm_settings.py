@@ -3,9 +3,14 @@ it) or a fixed size of a CPU's, and its context may be cut to leave room for row
 
 from __future__ import annotations
 
+import os
+
+import httpx
+
 from reinforge.policy.config import EngineConfig, VllmConfig
 from reinforge.policy.vllm_engine import vllm_args
 
+from .commands import serving
 from .conftest import require_vllm
 
 
@@ -38,3 +43,22 @@ def test_a_shorter_context_reaches_vllm():
         assert engine.max_context == 96
     finally:
         engine.close()
+
+
+def test_vllm_serves_with_other_threads_than_the_cpus():
+    """`model.threads` unlike OpenMP's default count (the CPUs of the affinity): vLLM's
+    CPU attention must see torch's count in the engine's thread, or every request fails."""
+    require_vllm()
+    threads = len(os.sched_getaffinity(0)) + 1
+    with serving("--engine", "vllm", f"model.threads={threads}") as url:
+        reply = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={
+                "model": "tiny-random",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 4,
+            },
+            timeout=120,
+        )
+    assert reply.status_code == 200, reply.text
+    assert len(reply.json()["choices"][0]["token_ids"]) == 4

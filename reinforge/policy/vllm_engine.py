@@ -139,6 +139,11 @@ class VllmEngine(EngineThread):
     # -- the stepping loop ----------------------------------------------------------------
 
     def _loop(self) -> None:
+        # OpenMP's thread count is per thread: this one starts at OpenMP's default (every
+        # CPU), and torch sets its own count (`model.threads`) on it only at its first op.
+        # vLLM's CPU attention sizes its schedule in one op and checks it in another, so
+        # both must see torch's count from the start.
+        torch.get_num_threads()
         while True:
             arrivals: list[_Request] = []
             if not take_requests(self._inbox, arrivals, block=not self._running):
