@@ -642,8 +642,15 @@ def test_echo_with_sampling_returns_prompt_and_completion_log_probs(any_client, 
     scored = torch.tensor(logprobs.token_logprobs[1 : len(prompt)])
     expected = any_engine.forced_logprobs(prompt[:1], prompt[1:])
     torch.testing.assert_close(scored, expected, rtol=1e-4, atol=1e-5)
-    assert logprobs.token_logprobs[len(prompt) :] == plain.logprobs.token_logprobs
-    assert logprobs.top_logprobs[len(prompt) :] == plain.logprobs.top_logprobs
+    # the completion's log-probs as without echo, within rounding: scoring the prompt runs
+    # its prefill in another shape, which gives the same bits at some thread counts only
+    completion = logprobs.token_logprobs[len(prompt) :]
+    torch.testing.assert_close(completion, plain.logprobs.token_logprobs, rtol=1e-4, atol=1e-5)
+    for echoed_top, plain_top in zip(
+        logprobs.top_logprobs[len(prompt) :], plain.logprobs.top_logprobs, strict=True
+    ):
+        assert echoed_top.keys() == plain_top.keys()
+        torch.testing.assert_close(echoed_top, plain_top, rtol=1e-4, atol=1e-5)
     for token, logprob, top in zip(
         logprobs.tokens[1:], logprobs.token_logprobs[1:], logprobs.top_logprobs[1:], strict=True
     ):
