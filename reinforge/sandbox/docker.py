@@ -323,11 +323,8 @@ class DockerProvider:
             "--format",
             f'{{{{.ID}}}} {{{{.Label "{LABEL}"}}}}',
         )
-        return [
-            line.split()[0]
-            for line in listed.stdout.decode().splitlines()
-            if len(line.split()) == 2 and not reaper.owner_alive(line.split()[1])
-        ]
+        rows = [line.split() for line in listed.stdout.decode().splitlines()]
+        return [row[0] for row in rows if len(row) == 2 and not reaper.owner_alive(row[1])]
 
     async def create(self, spec: SandboxSpec | None = None) -> DockerSandbox:
         spec = spec or SandboxSpec()
