@@ -10,6 +10,8 @@ import asyncio
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -41,6 +43,20 @@ def node(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("TMPDIR", str(folder))
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_an_engines_actor_imports_no_model_stack():
+    """Ray imports the engine's actor module in every engine actor's process: that process
+    starts `reinforge serve` and moves weight bytes, and pays nothing for the trainer's or
+    the model's modules (4-5 s of CPU at each actor's start on a small host)."""
+    heavy = ["transformers", "peft", "reinforge.train.trainer", "reinforge.policy.engine"]
+    code = (
+        "import sys, reinforge.orchestrate.ray_engine_actor\n"
+        f"print([m for m in {heavy!r} if m in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[]\n"
 
 
 def _with_engines(tmp_path: Path, test: Callable[[RemoteEngine, Trainer], Awaitable[None]]) -> None:

@@ -87,7 +87,7 @@ def test_held_buckets_take_deltas_and_fetch_whole_buckets_only_where_needed():
     require_extra("ray", "ray")
     import ray
 
-    from reinforge.orchestrate.ray_weights import FETCHERS, HeldBuckets, Push
+    from reinforge.orchestrate.ray_engine_actor import FETCHERS, HeldBuckets, Push
 
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from reinforge.orchestrate.engine_processes import free_ports
+from reinforge.orchestrate.engine_host import free_ports
 
 _IN_CREATE = 0x100
 START_S = 300.0

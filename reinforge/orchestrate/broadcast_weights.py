@@ -32,13 +32,8 @@ import torch
 import torch.distributed as dist
 
 from reinforge.errors import UsageError
-from reinforge.orchestrate.weight_sync import (
-    EngineGone,
-    EngineLinks,
-    Relay,
-    check_versions,
-    packed_weights,
-)
+from reinforge.orchestrate.engine_host import EngineGone
+from reinforge.orchestrate.weight_sync import EngineLinks, Relay, check_versions, packed_weights
 from reinforge.policy.weight_buckets import Bucket, MemoryFile, manifest, total_bytes
 from reinforge.policy.weight_group import new_group
 from reinforge.train.trainer import PolicyTrainer

@@ -12,18 +12,12 @@ brings one back on its port, for the run's `Supervisor`.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import json
-import os
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,16 +28,18 @@ from reinforge.config import Config, ServeConfig
 from reinforge.errors import UsageError
 from reinforge.orchestrate.broadcast_weights import BroadcastPush
 from reinforge.orchestrate.config import BroadcastSync, SpawnedEngines
+from reinforge.orchestrate.engine_host import (
+    START_S,
+    STOP_S,
+    base_url,
+    exited_early,
+    free_ports,
+    silent,
+    spawn,
+)
 from reinforge.orchestrate.weight_sync import EngineLinks, FilePush
 from reinforge.policy.backends import samples_on_gpu
 from reinforge.policy.config import ServerConfig
-
-START_S = 600.0
-"""The longest an engine may take to answer once started (vLLM compiles for minutes)."""
-STOP_S = 30.0
-"""The longest an engine may take to exit after SIGTERM before it is killed."""
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
-_PR_SET_PDEATHSIG = 1
 
 
 class EngineLauncher(Protocol):
@@ -173,72 +169,12 @@ def engine_settings(config: Config, token: str, gpu: bool) -> ServeConfig:
     return ServeConfig(model=config.model, engine=engine, server=server)
 
 
-def exited_early(index: int, code: int | None, log: Path, copy: Path | None = None) -> str:
-    """Names `copy`, the log's copy on the run's node, for an engine that logs elsewhere."""
-    return (
-        f"engine {index} (reinforge serve) exited with code {code} before it answered: "
-        f"{_last_line(log)} (log: {copy or log})"
-    )
-
-
-def silent(index: int, log: Path) -> str:
-    return f"engine {index} (reinforge serve) did not answer within {START_S:.0f} s (log: {log})"
-
-
-def spawn(settings: Path, port: int, log: Path, host: str | None = None) -> subprocess.Popen[bytes]:
-    """`reinforge serve --config settings` on `host` (`server.host` by default: 127.0.0.1)
-    at `port`, logging to `log`, dying with this process. In a process group of its own,
-    so that Ctrl-C in the terminal stops the run, which stops its engines once it has saved
-    what it can, rather than the engines while a step still syncs weights to them."""
-    argv = [sys.executable, "-m", "reinforge", "serve", "--config", str(settings),
-            "--port", str(port), *(["--host", host] if host else [])]  # fmt: skip
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            process_group=0,
-            preexec_fn=None if _LIBC is None else partial(_die_with_parent, os.getpid()),
-        )
-
-
 async def answers(http: httpx.AsyncClient, url: str) -> bool:
     """Whether the engine at /v1 URL `url` answers `/health`."""
     try:
         return (await http.get(f"{url.removesuffix('/v1')}/health")).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """Ports of `host` free now, all different (held together until each is known)."""
-    probes = [socket.socket(_family(host)) for _ in range(count)]
-    try:
-        for probe in probes:
-            probe.bind((host, 0))
-        return [probe.getsockname()[1] for probe in probes]
-    finally:
-        for probe in probes:
-            probe.close()
-
-
-def base_url(host: str, port: int) -> str:
-    """The /v1 URL of an engine listening on `host` (an IPv6 address in brackets)."""
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
-
-
-def _family(host: str) -> socket.AddressFamily:
-    return socket.AF_INET6 if ":" in host else socket.AF_INET
-
-
-def _die_with_parent(parent: int) -> None:
-    """In the child, before it runs `reinforge serve`: SIGTERM when the parent dies, even
-    by SIGKILL, so that a killed run leaves no engine behind."""
-    assert _LIBC is not None
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:  # the parent died before the signal was set
-        os._exit(1)
 
 
 def settings_toml(serve: ServeConfig) -> str:
@@ -255,8 +191,3 @@ def _toml(table: dict[str, Any], name: str = "") -> str:
         if isinstance(inner, dict):
             text += _toml(inner, f"{name}.{key}" if name else key)
     return text
-
-
-def _last_line(path: Path) -> str:
-    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    return lines[-1].strip() if lines else "(nothing in its log)"

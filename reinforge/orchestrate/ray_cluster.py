@@ -5,9 +5,9 @@ kind (packed: a rank's collectives and an engine's weight loads stay on few node
 - **Ranks** (`orchestrate/ray_ranks.py`). Each actor joins the process group (rendezvous
   at rank 0's node) and holds its `ShardedTrainer`; a call goes to every actor and the
   first failure ends them all, as with `LocalRanks`.
-- **Engines** (`orchestrate/ray_engines.py`). Each actor starts `reinforge serve`
-  listening on its node's address, which the run reaches it at, and relays the run's
-  control posts to it over the node's loopback.
+- **Engines** (`orchestrate/ray_engines.py`). Each actor (`ray_engine_actor.py`, which
+  imports no model stack) starts `reinforge serve` listening on its node's address, which
+  the run reaches it at, and relays the run's control posts to it over the node's loopback.
 - **Whose node.** `POST /v1/weights` takes weights from the engine's own machine only: by
   the default transport (`file`) the engines load a file of the run's node, so they must
   run there; with `object_store` each actor posts to its engine from its own node, so

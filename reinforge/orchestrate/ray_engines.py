@@ -10,10 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import shutil
-import subprocess
-import tempfile
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,148 +24,19 @@ from reinforge.orchestrate.config import (
     ObjectStoreSync,
     SpawnedEngines,
 )
-from reinforge.orchestrate.engine_processes import (
-    START_S,
-    STOP_S,
-    base_url,
-    engine_settings,
-    exited_early,
-    free_ports,
-    settings_toml,
-    silent,
-    spawn,
-)
-from reinforge.orchestrate.ray_actors import ANSWER_S, ask, death, node_id, ray, reason, release
+from reinforge.orchestrate.engine_host import START_S, STOP_S, EngineGone
+from reinforge.orchestrate.engine_processes import engine_settings, settings_toml
+from reinforge.orchestrate.ray_actors import ANSWER_S, ask, death, ray, reason, release
+from reinforge.orchestrate.ray_engine_actor import EngineActor, Push
 from reinforge.orchestrate.ray_logs import LogCopies
-from reinforge.orchestrate.ray_weights import (
-    HeldBuckets,
-    ObjectStorePush,
-    Push,
-    RayBroadcastPush,
-)
-from reinforge.orchestrate.weight_sync import (
-    EngineGone,
-    EngineLinks,
-    FilePush,
-    loopback,
-    post_to_engine,
-)
-from reinforge.policy.weight_buckets import MemoryFile, manifest
+from reinforge.orchestrate.ray_weights import ObjectStorePush, RayBroadcastPush
+from reinforge.orchestrate.weight_sync import EngineLinks, FilePush
 
 if TYPE_CHECKING:
     from reinforge.orchestrate.ray_cluster import RayCluster
 
 if ray is not None:
     from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
-
-
-class EngineActor:
-    """One engine in a Ray actor: `reinforge serve` listening on the address of the
-    actor's node, at a port that stays its own across restarts, logging to the node's own
-    temp folder (`log_since` hands the log out; `orchestrate/ray_logs.py` copies it to the
-    run's node, then has `drop_log` delete it)."""
-
-    def __init__(self, settings: str, index: int, copy: str, port: int | None = None) -> None:
-        self.settings = settings
-        self.index = index
-        self.copy = Path(copy)
-        """The log's copy on the run's node: what error lines name."""
-        self.log = Path(tempfile.mkdtemp(prefix="reinforge-engine-")) / f"engine-{index}.log"
-        self.log.touch()
-        self.host = ray.util.get_node_ip_address()
-        self.port = port or free_ports(1, self.host)[0]
-        self.url = base_url(self.host, self.port)
-        self.process: subprocess.Popen[bytes] | None = None
-        self.held = HeldBuckets()
-        self.memory: MemoryFile | None = None
-        """Made at the first push of the object store."""
-
-    def node(self) -> str:
-        return node_id()
-
-    def start(self) -> str:
-        """The engine, answering; its /v1 URL."""
-        self.stop()
-        folder = Path(tempfile.mkdtemp(prefix="reinforge-engines-"))
-        try:  # the settings hold the token: private, and gone once the engine has read them
-            (folder / "serve.toml").write_text(self.settings)
-            self.process = spawn(folder / "serve.toml", self.port, self.log, self.host)
-            deadline = time.monotonic() + START_S
-            while not _answers(self.url):
-                code = self.process.poll()
-                if code is not None:
-                    raise UsageError(exited_early(self.index, code, self.log, self.copy))
-                if time.monotonic() > deadline:
-                    raise UsageError(silent(self.index, self.copy))
-                time.sleep(0.25)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-        return self.url
-
-    def log_since(self, offset: int, most: int) -> bytes:
-        """At most `most` bytes of the engine's log from byte `offset` on. Asked in a
-        concurrency group of its own, so that the log comes while the engine starts."""
-        with self.log.open("rb") as log:
-            log.seek(offset)
-            return log.read(most)
-
-    def drop_log(self, copied: int) -> bool:
-        """Whether the log's folder was deleted: only once the engine has stopped and the
-        run's node holds every byte of it (`copied`), so that nothing of it is lost. Asked
-        in the log's concurrency group."""
-        if self.process is None or self.process.poll() is None:
-            return False
-        if self.log.stat().st_size != copied:
-            return False
-        shutil.rmtree(self.log.parent)
-        return True
-
-    def returncode(self) -> int | None:
-        return None if self.process is None else self.process.poll()
-
-    def post(self, token: str, route: str, body: dict[str, Any], what: str) -> dict[str, Any]:
-        """`route` posted to this node's engine from the node's loopback address, the only
-        source its control routes (pause, resume, weights) take: how the run reaches an
-        engine on another machine."""
-        headers = {"Authorization": f"Bearer {token}"}
-        with httpx.Client(
-            base_url=self.url, headers=headers, timeout=600.0, transport=loopback(self.url)
-        ) as http:
-            return post_to_engine(http, route, body, what)
-
-    def take_weights(self, token: str, push: Push) -> tuple[int, int]:
-        """The weights of `push` to this node's engine: built from the deltas on the
-        buckets this actor holds, or pulled whole from the store where they do not apply
-        (`HeldBuckets`), each laid in a file of the actor's memory as soon as it is here;
-        then the file's path and the buckets' manifest, posted as any control is (`post`).
-        The version the engine then serves, and the bytes the actor took from the store."""
-        if self.memory is None:
-            self.memory = MemoryFile()
-        with self.memory.holding(push.sizes) as lay:
-            buckets, moved = self.held.take(push, lay)
-            body = {
-                "path": self.memory.path,
-                "buckets": manifest(buckets),
-                "version": push.version,
-            }
-            answer = self.post(token, "/weights", body, "take the weights")
-        return answer["policy_version"], moved
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=STOP_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(f"{url.removesuffix('/v1')}/health", timeout=5.0).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 class _ActorLost(Exception):

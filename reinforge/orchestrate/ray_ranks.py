@@ -10,7 +10,7 @@ import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reinforge.orchestrate.engine_processes import free_ports
+from reinforge.orchestrate.engine_host import free_ports
 from reinforge.orchestrate.ray_actors import ask, death, ray, release
 from reinforge.train.config import TrainerConfig
 from reinforge.train.ranks import RankFailed, failure_line, join_group

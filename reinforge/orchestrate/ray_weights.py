@@ -13,22 +13,16 @@ checksum that does not match.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from reinforge.orchestrate.broadcast_weights import BroadcastPush
-from reinforge.orchestrate.weight_sync import (
-    EngineGone,
-    EngineLinks,
-    check_versions,
-    packed_weights,
-)
+from reinforge.orchestrate.engine_host import EngineGone
+from reinforge.orchestrate.ray_engine_actor import Push
+from reinforge.orchestrate.weight_sync import EngineLinks, check_versions, packed_weights
 from reinforge.policy.weight_buckets import Bucket
-from reinforge.policy.weight_delta import Delta, apply, encode
+from reinforge.policy.weight_delta import encode
 from reinforge.train.trainer import PolicyTrainer
 
 try:
@@ -38,37 +32,6 @@ except ImportError:  # a Ray run says so in one line (`RayCluster`)
 
 if TYPE_CHECKING:
     from reinforge.orchestrate.ray_engines import RayEngines
-
-
-FETCHERS = 8
-"""Whole buckets an engine's actor fetches at once, each laid as soon as it is here: enough
-that one is laid while the next travel, few enough that a model of hundreds of buckets
-does not start a thread for each."""
-
-
-@dataclass(frozen=True)
-class Push:
-    """One push as the engines' actors take it. Its refs travel inside it, so Ray fetches
-    none of them to an actor's node until the actor asks for it."""
-
-    version: int
-    base: int
-    """The version the deltas apply to: the push before."""
-    deltas: list[Any]
-    """Per bucket, the ref of its `Delta`, or None where it goes whole."""
-    full: list[Any]
-    """Every bucket whole (refs)."""
-    sizes: list[int]
-    """Every bucket's bytes: where each lies in the file its engine reads, known before
-    any arrives."""
-    keep: bool
-    """Whether an actor keeps the buckets for the next push's deltas (`delta`): else it
-    drops them once its engine has them, and the store may free them."""
-
-    @classmethod
-    def whole(cls, version: int, full: list[Any], sizes: list[int], keep: bool) -> Push:
-        """Every bucket whole: what a rejoining engine takes."""
-        return cls(version, version, [None] * len(full), full, sizes, keep)
 
 
 class ObjectStorePush(EngineLinks):
@@ -120,49 +83,6 @@ class ObjectStorePush(EngineLinks):
         whole = Push.whole(self.version, self._last, self._sizes, keep=self._delta)
         if self._engines.give([index], whole) == [None]:
             raise EngineGone(f"engine {index} did not take the weights")
-
-
-class HeldBuckets:
-    """The buckets an engine's actor last took, with `delta`: what the next push's deltas
-    apply to. One taken whole stays a view of its node's copy in the store (one for all
-    the node's actors, kept there until the next push replaces it); one built from a delta
-    is the actor's own."""
-
-    def __init__(self) -> None:
-        self.version: int | None = None
-        self.buckets: list[Bucket] = []
-
-    def take(self, push: Push, lay: Callable[[int, Bucket], None]) -> tuple[list[Bucket], int]:
-        """`push`'s buckets, built from its deltas where they apply and fetched whole where
-        not, each given to `lay` with its index as soon as it is here (from another thread
-        for one fetched); and the bytes fetched for them. Whole buckets are fetched
-        `FETCHERS` at a time, so that one is laid while the next still travel."""
-        based = self.version == push.base and len(self.buckets) == len(push.full)
-        wanted = [i for i, ref in enumerate(push.deltas) if based and ref is not None]
-        deltas: list[Delta] = ray.get([push.deltas[i] for i in wanted])
-        moved = sum(delta.nbytes for delta in deltas)
-        built: dict[int, Bucket] = {}
-        for i, delta in zip(wanted, deltas, strict=True):
-            bucket = apply(self.buckets[i], self.version, delta)
-            if bucket is not None:
-                built[i] = bucket
-        whole = [i for i in range(len(push.full)) if i not in built]
-
-        def fetch(index: int) -> Bucket:
-            bucket = ray.get(push.full[index])
-            lay(index, bucket)
-            return bucket
-
-        with ThreadPoolExecutor(min(max(len(whole), 1), FETCHERS)) as pool:
-            fetching = [pool.submit(fetch, i) for i in whole]
-            for i, bucket in built.items():
-                lay(i, bucket)
-            for i, future in zip(whole, fetching, strict=True):
-                built[i] = future.result()
-                moved += built[i].data.nbytes
-        buckets = [built[i] for i in range(len(push.full))]
-        self.buckets, self.version = (buckets, push.version) if push.keep else ([], None)
-        return buckets, moved
 
 
 class RayBroadcastPush(BroadcastPush):

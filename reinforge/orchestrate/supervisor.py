@@ -19,9 +19,9 @@ import httpx
 
 from reinforge.errors import UsageError
 from reinforge.orchestrate.config import EnginesConfig, SpawnedEngines
+from reinforge.orchestrate.engine_host import EngineGone
 from reinforge.orchestrate.engine_processes import EngineLauncher, answers
 from reinforge.orchestrate.engines import PolicyEngine, RemoteEngine
-from reinforge.orchestrate.weight_sync import EngineGone
 
 WATCH_S = 0.5
 """Between two looks at the engines."""

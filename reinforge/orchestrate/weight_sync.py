@@ -12,7 +12,7 @@ the other back. Its transports, by where the engine holds its weights:
 | `FilePush`      | `reinforge serve` processes              | one safetensors file each   |
 |                 |                                          | engine loads, at once       |
 | `ObjectStore-   | `reinforge serve` in Ray actors          | buckets in Ray's object     |
-| Push` (Ray,     | (`orchestrate/ray_engines.py`)           | store, one copy per node;   |
+| Push` (Ray,     | (`orchestrate/ray_engine_actor.py`)      | store, one copy per node;   |
 | `ray_weights`)  |                                          | with `delta`, after the     |
 |                 |                                          | first only changed elements |
 | `Broadcast-     | `reinforge serve` processes, of this     | buckets broadcast over a    |
@@ -44,6 +44,7 @@ import httpx
 import torch
 
 from reinforge.errors import UsageError
+from reinforge.orchestrate.engine_host import EngineGone, loopback, post_to_engine
 from reinforge.policy.backends import SamplingEngine
 from reinforge.policy.engine import Engine
 from reinforge.policy.weight_buckets import Bucket, pack
@@ -283,39 +284,14 @@ def weights_folder() -> Path:
     )
 
 
-def loopback(url: str) -> httpx.HTTPTransport:
-    """Connections to the engine at `url` from this machine's loopback address: the only
-    source its weights, pause and resume routes take, and one that reaches every address of
-    this machine, an engine listening on its node's address included."""
-    return httpx.HTTPTransport(local_address="::1" if ":" in httpx.URL(url).host else "127.0.0.1")
-
-
 def check_versions(served: list[int], version: int) -> None:
     if not set(served) <= {version}:
         raise UsageError(f"engines serve versions {sorted(set(served))} after a push of {version}")
 
 
-class EngineGone(UsageError):
-    """An engine that could not be reached: it died, or stopped answering."""
-
-
 Relay = Callable[[int, str, dict[str, Any], str], dict[str, Any]]
 """`(index, route, body, what)`: `route` posted with `body` to engine `index` from its own
 node, answered as `post_to_engine` answers (`EngineGone` should it not be reached)."""
-
-
-def post_to_engine(
-    http: httpx.Client, route: str, body: dict[str, Any], what: str
-) -> dict[str, Any]:
-    url = str(http.base_url).rstrip("/")
-    try:
-        response = http.post(route, json=body)
-    except httpx.HTTPError as error:
-        raise EngineGone(f"the engine at {url} did not {what}: {error}") from error
-    if response.status_code != 200:
-        message = response.json().get("error", {}).get("message", response.text)
-        raise UsageError(f"the engine at {url} refused to {what}: {message}")
-    return response.json()
 
 
 def packed_weights(trainer: PolicyTrainer, dtype: torch.dtype) -> list[Bucket]:
