@@ -111,29 +111,6 @@ def test_the_object_store_carries_the_weights_to_every_engine_and_a_rejoining_on
     asyncio.run(pushes())
 
 
-def test_the_object_store_casts_to_the_engines_dtype(tmp_path):
-    require_extra("ray", "ray")
-    overrides = ["model.name=tiny-random", f"run.dir={tmp_path}", "cluster.backend=ray",
-                 "engines.kind=spawned", "engines.count=2",
-                 "engines.weight_sync=object_store", "engine.dtype=bfloat16"]  # fmt: skip
-    config = load_config(Config, None, overrides)
-    model, tokenizer = load_model("tiny-random")
-    trainer = Trainer(model, config.trainer, config.optim, total_steps=1)
-
-    async def push() -> int:
-        with open_cluster(config) as cluster:
-            engine = await open_engine(config, trainer, tokenizer, 0, cluster.engines)
-            try:
-                with torch.no_grad():  # every element changes: no delta is smaller
-                    for p in model.parameters():
-                        p.add_(0.05 * torch.randn(p.shape))
-                return engine.sync.push(trainer, 1).bytes
-            finally:
-                await engine.aclose()
-
-    assert asyncio.run(push()) == 2 * sum(p.numel() * 2 for p in model.parameters())
-
-
 def greedy(url: str, version: int) -> tuple[list[int], torch.Tensor]:
     """The engine at `url` (its /v1) decoding greedily as `version`: its tokens and the
     log-probs it records for them."""
@@ -148,7 +125,8 @@ def test_bf16_engines_take_the_changed_elements_after_the_first_push(tmp_path):
     """Steps at the main job's learning rate change a few bf16 elements: with
     `engines.weight_sync.delta`, after the first push the engines take those, not the
     buckets, and sample exactly what an engine given the buckets whole does (engine 0
-    misses a push and rejoins whole; engine 1 takes the deltas)."""
+    misses a push and rejoins whole; engine 1 takes the deltas). A push that changes every
+    element goes whole, cast to the engines' dtype: half the fp32 bytes."""
     require_extra("ray", "ray")
     overrides = ["model.name=tiny-random", f"run.dir={tmp_path}", "cluster.backend=ray",
                  "engines.kind=spawned", "engines.count=2",
@@ -198,6 +176,11 @@ def test_bf16_engines_take_the_changed_elements_after_the_first_push(tmp_path):
                 step()
                 assert 0 < engine.sync.push(trainer, 4).bytes < 2 * full / 2
                 samples_alike(4)
+                with torch.no_grad():  # every element changes: no delta is smaller
+                    for p in model.parameters():
+                        p.add_(0.05 * torch.randn(p.shape, generator=generator))
+                assert engine.sync.push(trainer, 5).bytes == 2 * full
+                samples_alike(5)
             finally:
                 await engine.aclose()
 
