@@ -1,14 +1,17 @@
-"""The `reinforge` command run as a user runs it: a subprocess from the repository root."""
+"""The `reinforge` command as a user runs it: its `main` in the test's process for what a
+command computes and writes, and a subprocess from the repository root where the process
+itself is what is tested (a run killed or interrupted, an engine served)."""
 
 from __future__ import annotations
 
+import io
 import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import httpx
@@ -18,14 +21,37 @@ LENGTH_ENV = str(ROOT / "tests" / "data" / "length_env.py")
 """A test environment whose reward is the completion's length: groups always differ."""
 
 
-def reinforge(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "reinforge", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=cwd,
-    )
+def reinforge_here(*args: str) -> subprocess.CompletedProcess[str]:
+    """`reinforge ARGS` run by its `main` in this process, as its own process would run it:
+    its exit code and what it wrote to stdout and stderr. For tests of what a command
+    computes and writes, which in a process of their own would each pay the model stack's
+    imports (~8 s of CPU here) first. `python -m reinforge` itself (help and config errors
+    before heavy imports, Ctrl-C, a killed run) is tested in subprocesses
+    (tests/test_command_line.py, `tiny_train`); the engines, sandboxes and harnesses a
+    command starts are processes as ever."""
+    import torch
+
+    from reinforge.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    threads = torch.get_num_threads()  # the command sets its own (`model.threads`)
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as leaving:  # argparse's own errors and --help
+                code = leaving.code if isinstance(leaving.code, int | None) else 1
+    finally:
+        torch.set_num_threads(threads)
+    said = (out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess(["reinforge", *args], code or 0, *said)
+
+
+def run_here(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """`argv`, a `python -m reinforge` command line as `tiny_train` gives it, run by
+    `reinforge_here`."""
+    assert argv[:3] == [sys.executable, "-m", "reinforge"], argv
+    return reinforge_here(*argv[3:])
 
 
 def tiny_train(run_dir: Path, *overrides: str) -> list[str]:

@@ -26,7 +26,7 @@ from reinforge.rollout.config import RolloutConfig
 from reinforge.rollout.generator import generate_groups
 from reinforge.types import Status, Task, masked_spans
 
-from .commands import ROOT, reinforge
+from .commands import ROOT, reinforge_here
 from .conftest import Recording, require_extra
 from .envs.scripted import ScriptedClient
 from .test_server import ScriptedModel, script
@@ -281,7 +281,7 @@ async def test_an_episode_out_of_tokens_answers_as_the_server_does_and_ends_trun
 
 
 def test_the_example_runs_under_eval(tmp_path):
-    result = reinforge(
+    result = reinforge_here(
         "eval", EXAMPLE, "--model", "tiny-random", "--tasks", "2", "--max-tokens", "8",
         "--out", str(tmp_path),
     )  # fmt: skip

@@ -20,7 +20,7 @@ from reinforge.rollout.audit import SECRET_VARIABLE, audit
 from reinforge.rollout.config import RolloutConfig
 from reinforge.sandbox.local_sandbox import LocalSandbox
 
-from .commands import ROOT, reinforge
+from .commands import ROOT, reinforge_here
 from .test_harbor_env import write_task
 
 WEAK_TASK = ROOT / "examples" / "weak_task"
@@ -28,7 +28,7 @@ WEAK_TASK = ROOT / "examples" / "weak_task"
 
 def test_the_bundled_set_audits_clean(tmp_path):
     out = tmp_path / "audit.json"
-    result = reinforge("audit", "coding", "--tasks", "2", "--json", str(out))
+    result = reinforge_here("audit", "coding", "--tasks", "2", "--json", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(out.read_text())
     assert report["hacked"] == 0 and len(report["tasks"]) == 2
@@ -40,7 +40,7 @@ def test_the_bundled_set_audits_clean(tmp_path):
 
 def test_the_weak_example_is_hacked_and_the_audit_names_the_exploits(tmp_path):
     out = tmp_path / "audit.json"
-    result = reinforge("audit", str(WEAK_TASK), "--json", str(out))
+    result = reinforge_here("audit", str(WEAK_TASK), "--json", str(out))
     assert result.returncode == 1, result.stdout + result.stderr
     report = json.loads(out.read_text())
     by_name = {e["name"]: e for e in report["exploits"]}
@@ -105,7 +105,7 @@ def test_a_solution_in_the_git_history_does_not_reach_the_agent(tmp_path):
     assert "a - b" not in (shipped / "calc.py").read_text()
 
     out = tmp_path / "audit.json"
-    result = reinforge("audit", str(task), "--exploit", "git-history", "--json", str(out))
+    result = reinforge_here("audit", str(task), "--exploit", "git-history", "--json", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(out.read_text())
     assert report["hacked"] == 0 and report["exploits"][0]["errors"] == 0
@@ -239,7 +239,7 @@ def test_audit_usage_errors(capsys):
 def test_a_task_whose_oracle_fails_is_broken_not_clean(tmp_path):
     task = write_task(tmp_path, "unsolvable", DONE_TXT_TEST, solve_sh="echo done > wrong.txt\n")
     out = tmp_path / "audit.json"
-    result = reinforge("audit", str(task), "--exploit", "delete-tests", "--json", str(out))
+    result = reinforge_here("audit", str(task), "--exploit", "delete-tests", "--json", str(out))
     assert result.returncode == 1, result.stdout + result.stderr
     assert "BROKEN task unsolvable: the oracle scored 0.0 (expect 1)" in result.stdout
     assert "clean" not in result.stdout.replace("not clean", "")
@@ -251,7 +251,7 @@ def test_a_task_that_doing_nothing_passes_is_broken_not_clean(tmp_path):
     always = "echo 1 > /logs/verifier/reward.txt\n"  # a test.sh that checks nothing
     task = write_task(tmp_path, "checks-nothing", always, solve_sh="echo done > done.txt\n")
     out = tmp_path / "audit.json"
-    result = reinforge("audit", str(task), "--exploit", "delete-tests", "--json", str(out))
+    result = reinforge_here("audit", str(task), "--exploit", "delete-tests", "--json", str(out))
     assert result.returncode == 1, result.stdout + result.stderr
     assert "BROKEN task checks-nothing: the nop agent scored 1.0 (expect 0)" in result.stdout
     assert "clean" not in result.stdout.replace("not clean", "")
@@ -316,7 +316,7 @@ def test_the_generated_tasks_audit_clean(tmp_path):
     """coding's generated tasks share the written ones' verifier and /tests rule: the
     audit reaches them through the loader's own arguments."""
     out = tmp_path / "audit.json"
-    result = reinforge(
+    result = reinforge_here(
         "audit",
         "coding",
         "--env-arg",

@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -31,7 +30,7 @@ from reinforge.policy.weight_buckets import pack
 from reinforge.policy.weight_group import WeightGroup, new_group
 from reinforge.train.trainer import Trainer
 
-from .commands import ROOT, tiny_train
+from .commands import run_here, tiny_train
 from .conftest import require_extra
 from .test_remote_engine import assert_samples_with
 
@@ -180,7 +179,7 @@ async def test_an_engine_that_hangs_costs_a_push_the_groups_timeout(tmp_path):
 @pytest.mark.parametrize("mode", ["sync", "partial"])
 def test_a_run_broadcasts_every_step_to_both_engines(tmp_path, mode):
     argv = tiny_train(tmp_path, "run.steps=3", *BROADCAST, f"loop.mode={mode}")
-    process = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    process = run_here(argv)
     assert process.returncode == 0, process.stderr
     rows = [
         json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()

@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from .commands import ROOT, reinforge
+from .commands import ROOT, reinforge_here
 
 
 def test_eval_writes_trajectories_that_carry_what_training_needs(tmp_path):
     out = tmp_path / "eval"
-    result = reinforge(
+    result = reinforge_here(
         "eval",
         "arithmetic",
         "--model",
@@ -49,7 +49,7 @@ def test_eval_writes_trajectories_that_carry_what_training_needs(tmp_path):
 
 
 def test_user_environment_by_path_and_by_module(tmp_path):
-    by_path = reinforge(
+    by_path = reinforge_here(
         "eval",
         "examples/reverse_env.py",
         "--model",
@@ -113,7 +113,7 @@ def test_user_environment_by_path_and_by_module(tmp_path):
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_2(args, message):
-    result = reinforge(*args)
+    result = reinforge_here(*args)
     assert result.returncode == 2
     assert message in result.stderr
     assert "Traceback" not in result.stderr
@@ -162,7 +162,7 @@ def load_environment():
 def test_a_broken_environment_file_is_one_line_naming_file_and_line(tmp_path, source, message):
     path = tmp_path / "broken_env.py"
     path.write_text(source)
-    result = reinforge("eval", str(path), "--model", "tiny-random", "--tasks", "2")
+    result = reinforge_here("eval", str(path), "--model", "tiny-random", "--tasks", "2")
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
     assert f"{path}:" in result.stderr  # the file and line to fix
@@ -173,12 +173,14 @@ def test_eval_exits_3_when_too_many_rollouts_error(tmp_path):
     path.write_text(FAILING_ROLLOUTS)
     out = tmp_path / "out"
     args = ("eval", str(path), "--model", "tiny-random", "--tasks", "2", "--out", str(out))
-    result = reinforge(*args)
+    result = reinforge_here(*args)
     assert result.returncode == 3, result.stderr
     assert "2 of 2 rollouts errored" in result.stderr and "respond is broken" in result.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["errored"] == 2 and summary["scored"] == 0
     assert (
-        reinforge(*args[:-2], "--out", str(tmp_path / "o2"), "eval.max_error_rate=1").returncode
+        reinforge_here(
+            *args[:-2], "--out", str(tmp_path / "o2"), "eval.max_error_rate=1"
+        ).returncode
         == 0
     )

@@ -16,7 +16,7 @@ from reinforge.envs.builtin.coding.generated.task_dir import FUNCTION_CHECK
 from reinforge.envs.registry import load_environment
 from reinforge.errors import UsageError
 
-from .commands import reinforge
+from .commands import reinforge_here
 from .test_harbor_env import played_by, run_all
 
 
@@ -100,7 +100,7 @@ def test_a_generated_task_never_names_a_path_or_function_a_written_task_names(tm
 def test_the_generated_tasks_audit_clean(tmp_path):
     generate(len(KINDS), seed=0, root=tmp_path / "tasks")
     out = tmp_path / "audit.json"
-    result = reinforge("audit", str(tmp_path / "tasks"), "--json", str(out))
+    result = reinforge_here("audit", str(tmp_path / "tasks"), "--json", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(out.read_text())
     assert report["hacked"] == 0 and len(report["tasks"]) == len(KINDS)

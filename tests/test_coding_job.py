@@ -20,7 +20,7 @@ from reinforge.sandbox.reaper import default_state_dir, owner_alive
 from reinforge.train.config import SFTConfig
 from reinforge.train.sft import load_data
 
-from .commands import ROOT, reinforge
+from .commands import ROOT, reinforge_here
 from .envs.scripted import ScriptedClient
 from .test_sandbox_env import call
 
@@ -58,7 +58,7 @@ def test_bad_selections_are_usage_errors(kwargs, message):
 
 def test_oracle_transcripts_are_tool_calls_that_render_as_sft_data(tmp_path):
     out = tmp_path / "oracle"
-    result = reinforge(
+    result = reinforge_here(
         "eval", "coding", "--agent", "oracle", "--tasks", "3", "--env-arg", "split=train",
         "--env-arg", 'tiers=["easy"]', "--out", str(out),
     )  # fmt: skip
@@ -147,7 +147,7 @@ def test_the_agentic_main_job_trains_on_the_tiny_model_and_leaves_no_sandbox(tmp
     rollout gets a sandbox and a verifier sandbox, and none is left when the run ends."""
     state = default_state_dir()
     before = set(state.iterdir()) if state.is_dir() else set()
-    result = reinforge(
+    result = reinforge_here(
         "train", "examples/coding.toml", "model.name=tiny-random", "run.steps=2",
         f"run.dir={tmp_path}",
     )  # fmt: skip

@@ -31,14 +31,16 @@ from reinforge.policy.models import resolve_device
 from reinforge.train.config import TrainerConfig
 from reinforge.train.token_weights import ConstantNorm
 
-from .commands import ROOT, reinforge
+from .commands import ROOT, reinforge_here
 
 
 @pytest.mark.parametrize(
     ("command", "root"), [(eval_command, EvalConfig), (serve_command, ServeConfig)]
 )
 def test_every_flag_names_a_config_key_and_shows_its_default(command, root):
-    help_text = " ".join(reinforge(command.__name__.rsplit(".", 1)[1], "--help").stdout.split())
+    help_text = " ".join(
+        reinforge_here(command.__name__.rsplit(".", 1)[1], "--help").stdout.split()
+    )
     defaults = root()
     for flag in command.FLAGS:
         value = defaults
@@ -74,7 +76,7 @@ def test_flags_config_file_and_overrides_stack_in_order(tmp_path):
 
 def test_eval_and_serve_reject_unknown_keys_like_train():
     for command in ("train", "eval", "serve"):
-        result = reinforge(command, "engine.nosuch=1")
+        result = reinforge_here(command, "engine.nosuch=1")
         assert result.returncode == 2, command
         assert result.stderr.strip().endswith("config engine.nosuch: unknown key"), command
 

@@ -37,7 +37,7 @@ from reinforge.rundirs.dash.app import create_app
 from reinforge.train.trainer import TrainStats, select_for_training
 from reinforge.types import Group, Status, Task, Timings, Trajectory, TurnTime
 
-from .commands import reinforge
+from .commands import reinforge_here
 
 STEPS = 12
 SHOTS = os.environ.get("REINFORGE_DASH_SCREENSHOTS")
@@ -396,6 +396,6 @@ def test_api_reads_a_run_as_written(runs_dir: Path) -> None:
 
 
 def test_dash_command_rejects_a_missing_folder(tmp_path: Path) -> None:
-    result = reinforge("dash", str(tmp_path / "nowhere"))
+    result = reinforge_here("dash", str(tmp_path / "nowhere"))
     assert result.returncode == 2
     assert "no such folder" in result.stderr

@@ -20,7 +20,7 @@ from reinforge.rundirs.dash.app import create_app
 from reinforge.train.trainer import select_for_training
 from reinforge.types import Group, Status, Task, Trajectory
 
-from .commands import reinforge
+from .commands import reinforge_here
 
 ANSWERS = {"t0": 7, "t1": 12}
 LOOP = [5] * 40
@@ -178,7 +178,7 @@ def test_the_same_task_before_and_after(run: Path) -> None:
 
 def test_command_prints_the_table_and_writes_markdown(run: Path, tmp_path: Path) -> None:
     out = tmp_path / "diff.md"
-    result = reinforge("diff", str(run), "--from", "1", "--to", "4", "--markdown", str(out))
+    result = reinforge_here("diff", str(run), "--from", "1", "--to", "4", "--markdown", str(out))
     assert result.returncode == 0, result.stderr
     assert "reward (mean)" in result.stdout and "let me compute" in result.stdout
     text = out.read_text()
@@ -199,7 +199,7 @@ def test_two_evals_pair_their_tasks(run: Path, tmp_path: Path) -> None:
     assert (report.before, report.after) == ("before", "after")
     assert diff.cells(report.rows[0]) == ("reward (mean)", "0.250", "0.750", "+0.500")
     assert [p.task_id for p in report.pairs] == ["t0", "t1"]
-    result = reinforge("diff", str(tmp_path / "before"), str(tmp_path / "after"))
+    result = reinforge_here("diff", str(tmp_path / "before"), str(tmp_path / "after"))
     assert result.returncode == 0, result.stderr
     assert "task t1" in result.stdout
 
@@ -225,7 +225,7 @@ def test_dashboard_serves_the_report(run: Path) -> None:
 )
 def test_a_mistake_is_one_line(run: Path, args: tuple[str, ...], message: str) -> None:
     paths = {"RUN": str(run), "MISSING": str(run.parent / "missing")}
-    result = reinforge("diff", *(paths.get(a, a) for a in args))
+    result = reinforge_here("diff", *(paths.get(a, a) for a in args))
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and message in result.stderr
     assert result.stderr.startswith("reinforge diff: error: ")

@@ -25,7 +25,7 @@ from reinforge.rollout.config import RolloutConfig
 from reinforge.rollout.generator import generate_group
 from reinforge.types import Status, Task, Trajectory
 
-from .commands import ROOT, reinforge
+from .commands import ROOT, reinforge_here
 from .envs.scripted import Script, ScriptedClient
 
 DOC = ROOT / "docs" / "environments.md"
@@ -230,7 +230,7 @@ def test_guess_env_runs_under_reinforge_eval(tmp_path):
     """The real command on the tiny random model (noise for replies): the file loads,
     `--max-turns` reaches the harness, every episode plays and is scored."""
     out = tmp_path / "eval"
-    result = reinforge(
+    result = reinforge_here(
         "eval",
         "examples/guess_env.py",
         "--model",

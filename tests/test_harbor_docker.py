@@ -17,7 +17,7 @@ from reinforge.envs.harbor.environment import HarborEnvironment
 from reinforge.envs.registry import load_environment
 from reinforge.sandbox.docker import DockerProvider
 
-from .commands import reinforge
+from .commands import reinforge_here
 from .test_harbor_env import played_by, run_all, write_task
 
 pytestmark = pytest.mark.xdist_group("docker")  # their task's image is one, removed after each
@@ -58,7 +58,7 @@ def left_behind() -> set[str]:
 @pytest.mark.parametrize(("agent", "reward"), [("oracle", 1.0), ("nop", 0.0)])
 def test_eval_of_a_task_that_needs_docker(docker_task, tmp_path, agent, reward):
     before = left_behind()
-    result = reinforge("eval", str(docker_task), "--agent", agent, "--out", str(tmp_path))
+    result = reinforge_here("eval", str(docker_task), "--agent", agent, "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "building the image of Harbor task bump-counter" in result.stderr
     rows = [json.loads(r) for r in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
@@ -86,7 +86,7 @@ async def test_the_agent_container_holds_the_image_and_nothing_of_the_grading(do
 
 def test_the_audit_of_a_docker_task_is_clean(docker_task, tmp_path):
     out = tmp_path / "audit.json"
-    result = reinforge("audit", str(docker_task), "--json", str(out))
+    result = reinforge_here("audit", str(docker_task), "--json", str(out))
     report = json.loads(out.read_text())
     assert result.returncode == 0, (result.stdout, result.stderr)
     assert report["hacked"] == 0 and len(report["exploits"]) >= 12
@@ -131,7 +131,9 @@ def test_a_task_of_a_prebuilt_image_runs_it_as_harbor_does(prebuilt, tmp_path, a
     (with_dockerfile / "solution" / "solve.sh").write_text(SOLVE_SH)
     shutil.rmtree(without / "environment")
     out = tmp_path / "out"
-    result = reinforge("eval", str(tmp_path), "--agent", agent, "--tasks", "2", "--out", str(out))
+    result = reinforge_here(
+        "eval", str(tmp_path), "--agent", agent, "--tasks", "2", "--out", str(out)
+    )
     assert result.returncode == 0, result.stderr
     assert "skipped" not in result.stderr
     rows = [json.loads(r) for r in (out / "trajectories.jsonl").read_text().splitlines()]

@@ -24,7 +24,7 @@ from reinforge.rollout.generator import generate_groups
 from reinforge.sandbox import LocalProvider, SandboxSpec
 from reinforge.types import Status
 
-from .commands import reinforge
+from .commands import reinforge_here
 from .envs.scripted import ScriptedClient
 from .sandbox.helpers import FILL_PIDS
 from .test_sandbox_env import call, tool_results
@@ -76,7 +76,7 @@ async def run_all(env: HarborEnvironment, n: int | None = None) -> list:
 
 @pytest.mark.parametrize(("agent", "reward"), [("oracle", 1.0), ("nop", 0.0)])
 def test_eval_of_the_bundled_set_oracle_scores_1_and_nop_0(tmp_path, agent, reward):
-    result = reinforge(
+    result = reinforge_here(
         "eval", "coding", "--agent", agent, "--tasks", str(len(BUNDLED)), "--out", str(tmp_path)
     )
     assert result.returncode == 0, result.stderr
@@ -90,14 +90,14 @@ def test_eval_of_the_bundled_set_oracle_scores_1_and_nop_0(tmp_path, agent, rewa
 @pytest.mark.parametrize(("agent", "reward"), [("oracle", 1.0), ("nop", 0.0)])
 def test_eval_of_one_task_dir_given_by_path(tmp_path, agent, reward):
     task_dir = TASKS / "fix-median-bug"
-    result = reinforge("eval", str(task_dir), "--agent", agent, "--out", str(tmp_path))
+    result = reinforge_here("eval", str(task_dir), "--agent", agent, "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["environment"] == "fix-median-bug" and summary["reward_mean"] == reward
 
 
 def test_scripted_agents_need_a_harbor_environment():
-    result = reinforge("eval", "arithmetic", "--agent", "oracle")
+    result = reinforge_here("eval", "arithmetic", "--agent", "oracle")
     assert result.returncode == 2
     assert "has no 'oracle' agent" in result.stderr
 

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from .commands import ROOT, tiny_train
+from .commands import ROOT, run_here, tiny_train
 
 PINNED = {
     "main job": ["1133816deae868d5", "8fdbd0796e3fbed4", "0bcc65d02258af60"],
@@ -55,6 +54,6 @@ def step_digests(run_dir: Path) -> list[str]:
 
 @pytest.mark.parametrize("case", list(PINNED))
 def test_the_first_three_steps_sample_the_pinned_tokens(tmp_path, case):
-    result = subprocess.run(_argv(case, tmp_path), capture_output=True, text=True, cwd=ROOT)
+    result = run_here(_argv(case, tmp_path))
     assert result.returncode == 0, result.stderr
     assert step_digests(tmp_path) == PINNED[case]

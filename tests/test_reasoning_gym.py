@@ -16,7 +16,7 @@ from reinforge.envs.registry import load_environment
 from reinforge.errors import UsageError
 from reinforge.types import Trajectory
 
-from .commands import reinforge
+from .commands import reinforge_here
 from .conftest import require_extra
 from .envs.scripted import ScriptedClient
 
@@ -125,7 +125,7 @@ def test_without_reasoning_gym_the_loader_says_what_to_install(monkeypatch):
 def test_eval_runs_a_dataset(tmp_path, dataset, args):
     out = tmp_path / "eval"
     flags = [flag for key, value in args.items() for flag in ("--env-arg", f"{key}={value}")]
-    result = reinforge(
+    result = reinforge_here(
         "eval",
         f"reasoning_gym:{dataset}",
         *flags,
@@ -154,7 +154,7 @@ def test_eval_runs_a_dataset(tmp_path, dataset, args):
 
 
 def test_eval_refuses_a_misspelt_arg_in_one_line():
-    result = reinforge(
+    result = reinforge_here(
         "eval", "reasoning_gym:leg_counting", "--env-arg", "max_animal=3", "--model", "tiny-random"
     )
     assert result.returncode == 2
@@ -191,14 +191,14 @@ def test_train_steps_on_the_scores_reasoning_gyms_scorer_gives(tmp_path):
             for task in env.tasks(8, seed=1000)
         )
     )
-    warmed = reinforge(
+    warmed = reinforge_here(
         "sft", "model.name=tiny-random", f"sft.data={answers}", "sft.epochs=25",
         "sft.batch_size=4", "optim.lr=6e-3", f"run.dir={tmp_path}", "run.name=warm",
         "run.checkpoint_every=100",
     )  # fmt: skip
     assert warmed.returncode == 0, warmed.stderr
     env_args = [f"env.args.{key}={value}" for key, value in ONE_ANIMAL.items()]
-    result = reinforge(
+    result = reinforge_here(
         "train", "env.name=reasoning_gym:leg_counting", *env_args,
         f"model.name={tmp_path / 'warm'}", "run.steps=2", f"run.dir={tmp_path}", "run.name=r",
         "rollout.tasks_per_step=8", "env.max_tokens_per_turn=16",

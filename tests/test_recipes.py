@@ -6,8 +6,6 @@ Distillation is taught by the tiny model itself, then by another."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +22,7 @@ from reinforge.rollout.config import RolloutConfig
 from reinforge.rollout.generator import generate_groups
 from reinforge.types import Status
 
-from .commands import LENGTH_ENV, ROOT, reinforge, serving
+from .commands import LENGTH_ENV, reinforge_here, serving
 
 
 @pytest.fixture(scope="module")
@@ -62,15 +60,10 @@ def test_the_recipe_examples_train_on_the_tiny_model(example, tmp_path, judge_ur
     step of two rollouts to keep it short, and the judge pointed at the test's server."""
     judge = [f"env.judge.url={judge_url}", "env.judge.model=tiny-random", "env.judge.max_tokens=16"]
     judge.append("loop.max_error_rate=1")  # a random judge gives no score: all are errors
-    result = subprocess.run(
-        [sys.executable, "-m", "reinforge", "train", f"examples/{example}.toml"]
-        + ["model.name=tiny-random", "run.steps=2", f"run.dir={tmp_path}"]
-        + ["rollout.tasks_per_step=2", "rollout.rollouts_per_task=2"]
-        + (judge if example == "judge" else []),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
+    result = reinforge_here(
+        *["train", f"examples/{example}.toml", "model.name=tiny-random", "run.steps=2"],
+        *[f"run.dir={tmp_path}", "rollout.tasks_per_step=2", "rollout.rollouts_per_task=2"],
+        *(judge if example == "judge" else []),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / example
@@ -119,7 +112,7 @@ def test_distillation_from_itself_has_no_reverse_kl_and_from_another_model_some(
     tokenizer.save_pretrained(tmp_path / "teacher")
     reverse_kl = {}
     for name, model in (("itself", "tiny-random"), ("noisy", str(tmp_path / "teacher"))):
-        result = reinforge(
+        result = reinforge_here(
             "train",
             "examples/distill.toml",
             "model.name=tiny-random",
@@ -148,7 +141,7 @@ def test_distillation_from_itself_has_no_reverse_kl_and_from_another_model_some(
 
 
 def test_an_unreachable_teacher_is_one_line_and_exit_code_2(tmp_path):
-    result = reinforge(
+    result = reinforge_here(
         "train",
         "examples/distill.toml",
         "model.name=tiny-random",

@@ -4,7 +4,6 @@ weights from a trainer, and a training run that samples from it."""
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +20,7 @@ from reinforge.policy.models import load_model
 from reinforge.policy.server import create_app
 from reinforge.policy.weight_buckets import Bucket, manifest, pack
 
-from .commands import ROOT, serving, tiny_train
+from .commands import run_here, serving, tiny_train
 from .conftest import ENGINES, require_vllm
 
 TOKEN = "test-secret"
@@ -180,7 +179,7 @@ def test_a_run_trains_against_reinforge_serve(server, tmp_path, mode):
         f"engines.url={server}/v1",
         f"engines.token={TOKEN}",
     )
-    process = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    process = run_here(argv)
     assert process.returncode == 0, process.stderr
     lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]
@@ -196,7 +195,7 @@ def test_a_wrong_token_is_one_clear_line(server, tmp_path):
     argv = tiny_train(tmp_path, "loop.mode=async", *served)
     handoff = Path("/dev/shm")
     before = set(handoff.glob("reinforge-weights-*"))
-    process = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    process = run_here(argv)
     assert process.returncode == 2
     assert "refused to take the weights: wrong or missing weights token" in process.stderr
     assert "Traceback" not in process.stderr

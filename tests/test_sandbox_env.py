@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from reinforge.envs.registry import load_environment
@@ -15,6 +13,7 @@ from reinforge.rollout.config import RolloutConfig
 from reinforge.rollout.generator import generate_groups
 from reinforge.types import Status
 
+from .commands import reinforge_here
 from .envs.scripted import ScriptedClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,28 +99,19 @@ async def test_a_timed_out_rollout_still_releases_its_sandbox(tiny_engine):
 
 
 def test_the_example_runs_under_eval(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "reinforge",
-            "eval",
-            EXAMPLE,
-            "--model",
-            "tiny-random",
-            "--tasks",
-            "2",
-            "--rollouts",
-            "2",
-            "--max-tokens",
-            "8",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
+    result = reinforge_here(
+        "eval",
+        EXAMPLE,
+        "--model",
+        "tiny-random",
+        "--tasks",
+        "2",
+        "--rollouts",
+        "2",
+        "--max-tokens",
+        "8",
+        "--out",
+        str(tmp_path),
     )
     assert result.returncode == 0, result.stderr
     rows = (tmp_path / "trajectories.jsonl").read_text().splitlines()

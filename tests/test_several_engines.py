@@ -25,7 +25,7 @@ from reinforge.orchestrate.engines import open_engine
 from reinforge.policy.models import load_model
 from reinforge.train.trainer import Trainer
 
-from .commands import ROOT, kill_after, tiny_train
+from .commands import ROOT, kill_after, run_here, tiny_train
 from .conftest import require_vllm
 from .test_remote_engine import assert_samples_with
 
@@ -60,7 +60,7 @@ def _rows(run: Path) -> list[dict]:
 @pytest.mark.parametrize("mode", ["sync", "async", "partial"])
 def test_a_run_samples_from_two_engines_and_syncs_both(tmp_path, mode):
     argv = tiny_train(tmp_path, "run.steps=3", *TWO, f"loop.mode={mode}")
-    process = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    process = run_here(argv)
     assert process.returncode == 0, process.stderr
     run = tmp_path / "r"
     rows = _rows(run)
@@ -83,7 +83,7 @@ def test_a_run_samples_from_two_engines_and_syncs_both(tmp_path, mode):
 def test_a_run_samples_from_two_vllm_engines_and_syncs_both(tmp_path):
     require_vllm()
     argv = tiny_train(tmp_path, "model.engine=vllm", *TWO)
-    process = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    process = run_here(argv)
     assert process.returncode == 0, process.stderr[-3000:]
     rows = _rows(tmp_path / "r")
     assert [r["policy_version"] for r in rows] == [1, 2]
@@ -103,7 +103,7 @@ def test_the_main_job_runs_on_two_engines(tmp_path):
     argv = [sys.executable, "-m", "reinforge", "train", str(ROOT / "examples" / "arithmetic.toml"),
             "model.name=tiny-random", "run.steps=3", *TWO,
             f"run.dir={tmp_path}", "run.name=r"]  # fmt: skip
-    process = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    process = run_here(argv)
     assert process.returncode == 0, process.stderr
     rows = _rows(tmp_path / "r")
     assert len(rows) == 3 and all(sum(e["requests"] for e in r["engines"]) > 0 for r in rows)

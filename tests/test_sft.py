@@ -35,7 +35,7 @@ from reinforge.train.config import SFTConfig
 from reinforge.train.sft import epoch_batches, load_data, to_example, train_batch
 from reinforge.types import Status, Trajectory
 
-from .commands import reinforge
+from .commands import reinforge_here
 
 TOOL_CALL = (
     '<tool_call>\n{"name": "calculate", "arguments": {"expression": "12 * 34"}}\n</tool_call>'
@@ -44,7 +44,7 @@ TOOL_CALL = (
 
 def evaluate(out: Path, max_tokens: int) -> Path:
     """Trajectories of the tiny model on 4 arithmetic tasks x 2, written by `reinforge eval`."""
-    evaluated = reinforge(
+    evaluated = reinforge_here(
         "eval", "arithmetic", "--model", "tiny-random", "--tasks", "4", "--rollouts", "2",
         "--max-tokens", str(max_tokens), "--out", str(out),
     )  # fmt: skip
@@ -54,7 +54,7 @@ def evaluate(out: Path, max_tokens: int) -> Path:
 
 def test_sft_on_eval_output_lowers_the_nll_and_writes_a_loadable_checkpoint(tmp_path):
     eval_dir = evaluate(tmp_path / "eval", max_tokens=16)
-    trained = reinforge(
+    trained = reinforge_here(
         "sft", "model.name=tiny-random", f"sft.data={eval_dir}",
         'sft.statuses=["ok", "truncated"]',  # a random model rarely ends its turn
         "sft.epochs=3", "sft.batch_size=4", "optim.lr=1e-3",
@@ -95,7 +95,7 @@ def test_a_resumed_run_trains_what_an_uninterrupted_one_does(tmp_path):
         "sft.epochs=2", "sft.batch_size=4", "optim.lr=1e-3", "run.checkpoint_every=2",
         f"run.dir={tmp_path}",
     )  # fmt: skip
-    assert reinforge("sft", *args, "run.name=whole").returncode == 0
+    assert reinforge_here("sft", *args, "run.name=whole").returncode == 0
     whole = tmp_path / "whole"
     # A crash after the step-2 checkpoint: the later checkpoint is gone, a step's metrics
     # line was written after it.
@@ -105,9 +105,9 @@ def test_a_resumed_run_trains_what_an_uninterrupted_one_does(tmp_path):
     lines = (crashed / "metrics.jsonl").read_text().splitlines()
     (crashed / "metrics.jsonl").write_text("\n".join(lines[:3]) + "\n")
 
-    again = reinforge("sft", *args, "run.name=crashed")
+    again = reinforge_here("sft", *args, "run.name=crashed")
     assert again.returncode == 2 and "--resume" in again.stderr
-    resumed = reinforge("sft", *args, "run.name=crashed", "--resume")
+    resumed = reinforge_here("sft", *args, "run.name=crashed", "--resume")
     assert resumed.returncode == 0, resumed.stderr
 
     def rows(run: Path) -> list[dict]:
@@ -333,7 +333,7 @@ def test_ctrl_c_lets_the_step_in_flight_finish_and_checkpoints_it(tmp_path, monk
     assert steps == [1, 2] and [p.name for p in (run / "checkpoints").iterdir()] == ["step_00002"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C as before
 
-    resumed = reinforge("sft", *args, "--resume")
+    resumed = reinforge_here("sft", *args, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]

@@ -22,7 +22,7 @@ from reinforge.sim.profile import Curve, Profile, Sharing, TrainerTimes
 from reinforge.sim.workload import GroupCost, RolloutCost, Workload
 from reinforge.types import Status, Timings, Trajectory
 
-from .commands import reinforge
+from .commands import reinforge_here
 
 TINY = 1e-9
 """Seconds of a prefill: there, but too small to change a hand-worked figure."""
@@ -318,13 +318,15 @@ def test_calibrate_then_predict_through_the_command(tmp_path: Path):
         "sim.calibration.train_tokens=[96, 192]",
         "sim.calibration.rounds=1",
     ]
-    done = reinforge("sim", "calibrate", "--model", "tiny-random", "--profile", str(out), *small)
+    done = reinforge_here(
+        "sim", "calibrate", "--model", "tiny-random", "--profile", str(out), *small
+    )
     assert done.returncode == 0, done.stderr
     measured = Profile.load(out)
     assert [p.x for p in measured.decode.points] == [1, 2]
     assert measured.trainer.tokens_per_s > 0 and measured.model == "tiny-random"
 
-    done = reinforge("sim", "--profile", str(out), "--devices", "2", "--steps", "4", "--json")
+    done = reinforge_here("sim", "--profile", str(out), "--devices", "2", "--steps", "4", "--json")
     assert done.returncode == 2  # the config's model is the default, not tiny-random
     assert done.stderr.strip() == (
         f"reinforge sim: error: {out} was calibrated for tiny-random (builtin, float32), the "
@@ -332,7 +334,7 @@ def test_calibrate_then_predict_through_the_command(tmp_path: Path):
         "calibrate`), or predict with --model tiny-random"
     )
     predict = ("sim", "--profile", str(out), "--model", "tiny-random")
-    done = reinforge(*predict, "--devices", "2", "--steps", "4", "--json")
+    done = reinforge_here(*predict, "--devices", "2", "--steps", "4", "--json")
     assert done.returncode == 0, done.stderr
     figures = json.loads(done.stdout)
     assert len(figures["predictions"]) == 6  # 3 modes x (colocated, 1 + 1)
@@ -340,10 +342,10 @@ def test_calibrate_then_predict_through_the_command(tmp_path: Path):
     for p in figures["predictions"]:
         assert p["step_s"] > 0 and 0 <= p["sampler_utilisation"] <= 1
 
-    done = reinforge(*predict, "--devices", "2", "--samplers", "3")
+    done = reinforge_here(*predict, "--devices", "2", "--samplers", "3")
     assert done.returncode == 2
     assert done.stderr.strip() == "reinforge sim: error: --samplers 3 is more than --devices 2"
-    done = reinforge("sim", "predict", "--profile", str(tmp_path / "none.json"))
+    done = reinforge_here("sim", "predict", "--profile", str(tmp_path / "none.json"))
     assert done.returncode == 2 and "reinforge sim calibrate" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
 

@@ -8,8 +8,6 @@ exactly one completion the engine produced for exactly the tokens before it.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -21,6 +19,8 @@ from reinforge.policy.records import token_record_problems
 from reinforge.rollout.config import RolloutConfig
 from reinforge.rollout.generator import generate_groups
 from reinforge.types import Trajectory, masked_spans
+
+from .commands import reinforge_here
 
 BUILTINS = ["arithmetic", "calculator", "tictactoe", "wordle"]
 
@@ -51,25 +51,17 @@ async def test_builtin_trajectories_are_token_exact(name, any_engine, chat_forma
 @pytest.mark.slow
 def test_tictactoe_on_smollm2_is_multi_turn_and_token_exact(tmp_path):
     out = tmp_path / "ttt"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "reinforge",
-            "eval",
-            "tictactoe",
-            "--model",
-            "smollm2-135m",
-            "--tasks",
-            "8",
-            "--rollouts",
-            "2",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1200,
+    result = reinforge_here(
+        "eval",
+        "tictactoe",
+        "--model",
+        "smollm2-135m",
+        "--tasks",
+        "8",
+        "--rollouts",
+        "2",
+        "--out",
+        str(out),
     )
     assert result.returncode == 0, result.stderr
     env = load_environment("tictactoe")

@@ -25,7 +25,7 @@ from reinforge.train.config import TrainerConfig
 from reinforge.train.trainer import Trainer, select_for_training
 from reinforge.types import Group, Status, Task, Trajectory
 
-from .commands import LENGTH_ENV, ROOT, kill_after, tiny_train
+from .commands import LENGTH_ENV, ROOT, kill_after, run_here, tiny_train
 
 
 def test_a_tiny_run_writes_metrics_trajectories_and_loadable_checkpoints(tmp_path):
@@ -200,7 +200,7 @@ def _line_of(path: Path, text: str) -> int:
 
 def test_a_step_past_max_error_rate_stops_the_run_with_exit_3_naming_the_first_error(tmp_path):
     argv = tiny_train(tmp_path, f"env.name={BROKEN_ENV}")  # every reward raises
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    result = run_here(argv)
     assert result.returncode == 3, result.stderr[-3000:]
     first = (
         "reward 'grade' raised KeyError: 'answer' "
@@ -228,7 +228,7 @@ def test_a_reward_past_float32_is_an_error_and_a_step_within_max_error_rate_goes
         "env.args.broken=1",
         "loop.max_error_rate=0.5",
     )
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    result = run_here(argv)
     assert result.returncode == 0, result.stderr[-3000:]
     first = (
         "reward 'grade' returned 1e+39, not a finite float32 number "

@@ -24,7 +24,7 @@ from reinforge.rollout.config import RolloutConfig
 from reinforge.rollout.generator import generate_groups
 from reinforge.types import Status, Trajectory, masked_spans
 
-from .commands import ROOT, reinforge
+from .commands import ROOT, reinforge_here
 from .conftest import require_extra
 from .envs.scripted import ScriptedClient
 
@@ -222,7 +222,7 @@ async def test_the_turn_limit_ends_the_episode_truncated_and_scored(tiny_engine)
 @pytest.mark.parametrize("path", [SINGLE, MULTI_TURN, TOOL], ids=["single", "multi", "tool"])
 def test_reinforge_eval_runs_it(path, tmp_path):
     out = tmp_path / "eval"
-    result = reinforge(
+    result = reinforge_here(
         "eval",
         f"verifiers:{path}",
         "--model",
@@ -250,7 +250,7 @@ def test_reinforge_eval_runs_it(path, tmp_path):
 
 @pytest.mark.parametrize("path", [SINGLE, MULTI_TURN, TOOL], ids=["single", "multi", "tool"])
 def test_reinforge_train_takes_steps_on_it(path, tmp_path):
-    result = reinforge(
+    result = reinforge_here(
         "train",
         "model.name=tiny-random",
         f"env.name=verifiers:{path}",

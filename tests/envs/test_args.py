@@ -15,7 +15,7 @@ from reinforge.envs.config import EnvConfig
 from reinforge.envs.registry import declared_args, load_configured
 from reinforge.errors import ConfigError, UsageError
 
-from ..commands import LENGTH_ENV, reinforge
+from ..commands import LENGTH_ENV, reinforge_here
 
 DECLARED = """\
 from pydantic import Field
@@ -137,7 +137,7 @@ def test_the_per_turn_limits_are_env_keys_applied_after_the_load():
 
 
 def test_the_cli_reports_a_bad_argument_in_one_line_without_a_traceback():
-    result = reinforge("eval", "tictactoe", "--env-arg", "play_as=Z", "--tasks", "1")
+    result = reinforge_here("eval", "tictactoe", "--env-arg", "play_as=Z", "--tasks", "1")
     assert (result.returncode, result.stderr) == (
         2,
         "reinforge eval: error: config env.args.play_as: Input should be 'X', 'O' or 'alternate'\n",

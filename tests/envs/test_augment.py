@@ -29,7 +29,7 @@ from reinforge.rollout.generator import generate_groups
 from reinforge.rollout.summary import summarize
 from reinforge.types import Status, Trajectory, masked_spans
 
-from ..commands import ROOT, reinforge
+from ..commands import ROOT, reinforge_here
 from .scripted import ScriptedClient
 
 GUESS = str(ROOT / "examples" / "guess_env.py")
@@ -138,7 +138,7 @@ def test_a_config_naming_a_tool_the_environment_lacks_is_refused():
 
 def test_eval_reports_reward_per_harness_variant(tmp_path: Path):
     out = tmp_path / "eval"
-    done = reinforge(
+    done = reinforge_here(
         "eval", GUESS, "--model", "tiny-random", "--tasks", "2", "--rollouts", "1",
         "--harness-variants", "3", "--max-tokens", "4", "--out", str(out),
         'env.augment.system_prompts=["A. {prompt}", "B."]',
@@ -148,7 +148,7 @@ def test_eval_reports_reward_per_harness_variant(tmp_path: Path):
     assert summary["rollouts"] == 6
     assert {n: v["rollouts"] for n, v in summary["variants"].items()} == {"0": 2, "1": 2, "2": 2}
     assert "harness variant 2" in done.stdout
-    alike = reinforge("eval", "examples/reverse_env.py", "--harness-variants", "2")
+    alike = reinforge_here("eval", "examples/reverse_env.py", "--harness-variants", "2")
     assert alike.returncode == 2 and "would all be alike" in alike.stderr
     assert len(alike.stderr.strip().splitlines()) == 1
 
