@@ -99,20 +99,8 @@ async def test_a_timed_out_rollout_still_releases_its_sandbox(tiny_engine):
 
 
 def test_the_example_runs_under_eval(tmp_path):
-    result = reinforge_here(
-        "eval",
-        EXAMPLE,
-        "--model",
-        "tiny-random",
-        "--tasks",
-        "2",
-        "--rollouts",
-        "2",
-        "--max-tokens",
-        "8",
-        "--out",
-        str(tmp_path),
-    )
+    small = ["--model", "tiny-random", "--tasks", "2", "--rollouts", "2", "--max-tokens", "8"]
+    result = reinforge_here("eval", EXAMPLE, *small, "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     rows = (tmp_path / "trajectories.jsonl").read_text().splitlines()
     assert len(rows) == 4 and all(json.loads(r)["status"] != "error" for r in rows)
