@@ -28,7 +28,8 @@ def reinforge_here(*args: str) -> subprocess.CompletedProcess[str]:
     imports (~8 s of CPU here) first. `python -m reinforge` itself (help and config errors
     before heavy imports, Ctrl-C, a killed run) is tested in subprocesses
     (tests/test_command_line.py, `tiny_train`); the engines, sandboxes and harnesses a
-    command starts are processes as ever."""
+    command starts are processes as ever. What this cannot catch is a command that works
+    only because this process imported something first; those subprocess tests would."""
     import torch
 
     from reinforge.cli import main
