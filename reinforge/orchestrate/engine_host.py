@@ -74,6 +74,27 @@ def base_url(host: str, port: int) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
 
 
+def health_url(url: str) -> str:
+    """The `/health` route of the engine at /v1 URL `url`."""
+    return f"{url.removesuffix('/v1')}/health"
+
+
+async def answers(http: httpx.AsyncClient, url: str) -> bool:
+    """Whether the engine at /v1 URL `url` answers `/health`."""
+    try:
+        return (await http.get(health_url(url))).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def answers_now(url: str) -> bool:
+    """`answers`, from code that waits in its own thread (an engine's actor)."""
+    try:
+        return httpx.get(health_url(url), timeout=5.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 

@@ -31,6 +31,7 @@ from reinforge.orchestrate.config import BroadcastSync, SpawnedEngines
 from reinforge.orchestrate.engine_host import (
     START_S,
     STOP_S,
+    answers,
     base_url,
     exited_early,
     free_ports,
@@ -167,14 +168,6 @@ def engine_settings(config: Config, token: str, gpu: bool) -> ServeConfig:
     server = ServerConfig(weights_token=token, sampling=config.rollout.sampling)
     engine = config.engine.model_copy(update={"dtype": config.engine.dtype_on(gpu)})
     return ServeConfig(model=config.model, engine=engine, server=server)
-
-
-async def answers(http: httpx.AsyncClient, url: str) -> bool:
-    """Whether the engine at /v1 URL `url` answers `/health`."""
-    try:
-        return (await http.get(f"{url.removesuffix('/v1')}/health")).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def settings_toml(serve: ServeConfig) -> str:

@@ -21,6 +21,7 @@ from reinforge.errors import UsageError
 from reinforge.orchestrate.engine_host import (
     START_S,
     STOP_S,
+    answers_now,
     base_url,
     exited_early,
     free_ports,
@@ -96,7 +97,7 @@ class EngineActor:
             (folder / "serve.toml").write_text(self.settings)
             self.process = spawn(folder / "serve.toml", self.port, self.log, self.host)
             deadline = time.monotonic() + START_S
-            while not _answers(self.url):
+            while not answers_now(self.url):
                 code = self.process.poll()
                 if code is not None:
                     raise UsageError(exited_early(self.index, code, self.log, self.copy))
@@ -164,13 +165,6 @@ class EngineActor:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(f"{url.removesuffix('/v1')}/health", timeout=5.0).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 class HeldBuckets:

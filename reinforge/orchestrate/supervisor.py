@@ -19,8 +19,8 @@ import httpx
 
 from reinforge.errors import UsageError
 from reinforge.orchestrate.config import EnginesConfig, SpawnedEngines
-from reinforge.orchestrate.engine_host import EngineGone
-from reinforge.orchestrate.engine_processes import EngineLauncher, answers
+from reinforge.orchestrate.engine_host import EngineGone, answers
+from reinforge.orchestrate.engine_processes import EngineLauncher
 from reinforge.orchestrate.engines import PolicyEngine, RemoteEngine
 
 WATCH_S = 0.5
