@@ -5,12 +5,13 @@ itself is what is tested (a run killed or interrupted, an engine served)."""
 from __future__ import annotations
 
 import io
+import json
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -53,6 +54,16 @@ def run_here(argv: list[str]) -> subprocess.CompletedProcess[str]:
     `reinforge_here`."""
     assert argv[:3] == [sys.executable, "-m", "reinforge"], argv
     return reinforge_here(*argv[3:])
+
+
+def loaded_by(modules: str, among: Iterable[str]) -> list[str]:
+    """Which of `among` importing `modules` (comma-separated) loads, in a fresh interpreter
+    from the repository root: what a process that needs only those modules pays for."""
+    listed = f"json.dumps([m for m in {list(among)!r} if m in sys.modules])"
+    code = f"import json, sys, {modules}\nprint({listed})"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
 def tiny_train(run_dir: Path, *overrides: str) -> list[str]:

@@ -19,7 +19,7 @@ from reinforge.config import Config, ServeConfig
 from reinforge.errors import UsageError
 from reinforge.orchestrate.sft import sft_config
 
-from .commands import ROOT
+from .commands import ROOT, loaded_by
 
 HEAVY = ("torch", "transformers", "vllm", "ray", "openai", "fastapi", "uvicorn")
 """What only a command's work needs: seconds of imports a `--help` must not wait for."""
@@ -86,10 +86,7 @@ def test_a_config_mistake_is_one_line_before_heavy_imports(args, message):
 
 def test_the_config_modules_import_no_torch():
     modules = "reinforge.config, reinforge.sim.config, reinforge.commands.config_args"
-    code = f"import sys, {modules}\nprint([m for m in {HEAVY!r} if m in sys.modules])"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == "[]\n"
+    assert loaded_by(modules, HEAVY) == []
 
 
 @pytest.mark.parametrize(

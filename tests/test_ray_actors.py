@@ -10,8 +10,6 @@ import asyncio
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -30,6 +28,7 @@ from reinforge.policy.models import load_model
 from reinforge.train.ranks import RankFailed
 from reinforge.train.trainer import Trainer
 
+from .commands import loaded_by
 from .conftest import require_extra
 from .test_remote_engine import assert_samples_with
 from .test_several_engines import holding
@@ -50,13 +49,7 @@ def test_an_engines_actor_imports_no_model_stack():
     starts `reinforge serve` and moves weight bytes, and pays nothing for the trainer's or
     the model's modules (4-5 s of CPU at each actor's start on a small host)."""
     heavy = ["transformers", "peft", "reinforge.train.trainer", "reinforge.policy.engine"]
-    code = (
-        "import sys, reinforge.orchestrate.ray_engine_actor\n"
-        f"print([m for m in {heavy!r} if m in sys.modules])"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == "[]\n"
+    assert loaded_by("reinforge.orchestrate.ray_engine_actor", heavy) == []
 
 
 def _with_engines(tmp_path: Path, test: Callable[[RemoteEngine, Trainer], Awaitable[None]]) -> None:
