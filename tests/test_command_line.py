@@ -15,7 +15,7 @@ from reinforge.cli import COMMANDS, build_parser, main, parse
 from reinforge.commands import eval as eval_command
 from reinforge.commands import serve as serve_command
 from reinforge.commands.config_args import load_command_config, load_with_flags
-from reinforge.config import Config, ServeConfig
+from reinforge.config import ServeConfig
 from reinforge.errors import UsageError
 from reinforge.orchestrate.sft import sft_config
 
@@ -38,6 +38,10 @@ print(json.dumps({{"code": code, "heavy": [m for m in {HEAVY!r} if m in sys.modu
 its exit code and the heavy modules it loaded."""
 
 
+UNKNOWN_MODEL = (
+    "unknown model 'no/such/folder': not one of smollm2-135m, tiny-random, not a folder "
+    "holding a Hugging Face model (config.json), nor a run directory with checkpoints"
+)
 URL = "http://127.0.0.1:9/v1"
 """A server's URL; refusing an override happens before anything connects to it."""
 
@@ -74,6 +78,10 @@ def test_help_answers_at_once_without_heavy_imports(command):
         (["eval", "arithmetic", "engine.nosuch=1"], "config engine.nosuch: unknown key"),
         (["serve", "--port", "-1"], "--port: Input should be greater than or equal to 0"),
         (["sim", "engine.nosuch=1"], "config engine.nosuch: unknown key"),
+        (["train", "examples/arithmetic.toml", "model.name=no/such/folder"], UNKNOWN_MODEL),
+        (["sft", "examples/sft.toml", "model.name=no/such/folder"], UNKNOWN_MODEL),
+        (["eval", "arithmetic", "--model", "no/such/folder"], UNKNOWN_MODEL),
+        (["serve", "--model", "no/such/folder"], UNKNOWN_MODEL),
     ],
 )
 def test_a_config_mistake_is_one_line_before_heavy_imports(args, message):
@@ -81,6 +89,23 @@ def test_a_config_mistake_is_one_line_before_heavy_imports(args, message):
     assert found["code"] == 2
     assert done.stderr == f"reinforge {args[0]}: error: {message}\n"
     assert found["heavy"] == []
+    assert seconds < QUICK_S
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["train", "examples/arithmetic.toml", "env.args.bogus=1"], "env.args.bogus: unknown key"),
+        (["eval", "arithmetic", "--env-arg", "bogus=1"], "env.args.bogus: unknown key"),
+    ],
+)
+def test_an_environment_argument_mistake_is_one_line_before_the_model_stack(args, message):
+    """The environment's loader says what arguments it takes, and environments are written
+    against the OpenAI client, so that much is loaded; no model library is."""
+    found, done, seconds = probe(*args)
+    assert found["code"] == 2
+    assert done.stderr == f"reinforge {args[0]}: error: config {message}\n"
+    assert set(found["heavy"]) <= {"openai"}
     assert seconds < QUICK_S
 
 
@@ -167,9 +192,9 @@ def test_an_override_the_command_reads_takes_effect():
     """Each command reads the keys `UNREAD` does not list for the way it runs (an eval of a
     model served at a URL reads `model.served_name`); `sim` is in test_sim.py."""
     args = parse(build_parser(), ["train", "examples/arithmetic.toml", "run.steps=3"])
-    assert load_command_config(Config, args).run.steps == 3
+    assert load_command_config(args).run.steps == 3
     args = parse(build_parser(), ["sft", "examples/sft.toml", "sft.epochs=3", "sft.batch_size=4"])
-    assert sft_config(load_command_config(Config, args), examples=10).run.steps == 9  # 3 x 3
+    assert sft_config(load_command_config(args), examples=10).run.steps == 9  # 3 x 3
     args = parse(build_parser(), ["eval", "arithmetic", "eval.seed=4", "--tasks", "2"])
     config = eval_command.load(args)
     assert (config.eval.seed, config.eval.tasks) == (4, 2)
@@ -181,17 +206,17 @@ def test_an_override_the_command_reads_takes_effect():
         [*served, "engine.dtype=bfloat16", f"distill.teachers=[{{model = '{URL}'}}]"],
     )
     with pytest.raises(UsageError, match="engine.dtype: not read with engines.kind"):
-        load_command_config(Config, args)  # a teacher at a URL: nothing here reads it
+        load_command_config(args)  # a teacher at a URL: nothing here reads it
     teacher = "distill.teachers=[{model = 'tiny-random'}]"
     args = parse(build_parser(), [*served, "engine.dtype=bfloat16", teacher])
-    assert load_command_config(Config, args).engine.dtype == "bfloat16"  # the teacher's
+    assert load_command_config(args).engine.dtype == "bfloat16"  # the teacher's
     args = parse(build_parser(), ["serve", "model.engine=vllm", "engine.vllm.kv_cache_mib=99"])
     assert load_with_flags(ServeConfig, args, serve_command.FLAGS).engine.vllm.kv_cache_mib == 99
     args = parse(build_parser(), ["train", "engines.kind=spawned", "engine.admit.size=2"])
-    assert load_command_config(Config, args).engine.admit.size == 2  # the built-in engine's
+    assert load_command_config(args).engine.admit.size == 2  # the built-in engine's
     ray = ["train", "cluster.backend=ray", "cluster.address=auto", "trainer.world_size=2"]
     args = parse(build_parser(), [*ray, "cluster.rank.cpus=2", "trainer.collective_timeout_s=5"])
-    config = load_command_config(Config, args)
+    config = load_command_config(args)
     assert (config.cluster.rank.cpus, config.trainer.collective_timeout_s) == (2, 5)
     args = parse(build_parser(), ["serve", "server.port=9", "--max-batch", "3"])
     config = load_with_flags(ServeConfig, args, serve_command.FLAGS)

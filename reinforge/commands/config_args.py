@@ -18,8 +18,9 @@ from typing import Any, get_args
 
 from pydantic import BaseModel
 
-from reinforge.config import Root, load_config, parse_value, readers, unread
+from reinforge.config import Config, Root, load_config, parse_value, readers, unread
 from reinforge.errors import ConfigError, UsageError
+from reinforge.policy.specs import check_model
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,13 @@ def positional_or_override(first: str | None, overrides: list[str]) -> tuple[str
     return first, overrides
 
 
-def load_command_config(root: type[Root], args: argparse.Namespace) -> Root:
-    """`reinforge train|sft [CONFIG.toml] [KEY=VALUE ...]`."""
+def load_command_config(args: argparse.Namespace) -> Config:
+    """`reinforge train|sft [CONFIG.toml] [KEY=VALUE ...]`, with the model it names checked
+    (its tokenizer is loaded long after the model stack's imports)."""
     first, overrides = positional_or_override(args.config, args.overrides)
-    config = load_config(root, None if first is None else Path(first), overrides)
+    config = load_config(Config, None if first is None else Path(first), overrides)
     refuse_unread(readers(args.command, config), [(key, key) for key in _keys(overrides)])
+    check_model(config.model.name)
     return config
 
 

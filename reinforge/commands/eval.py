@@ -16,7 +16,7 @@ from reinforge.commands.config_args import (
     positional_or_override,
 )
 from reinforge.config import EvalConfig
-from reinforge.policy.specs import is_url
+from reinforge.policy.specs import check_model, is_url
 
 if TYPE_CHECKING:
     from reinforge.rollout.evaluate import EvalSummary
@@ -70,6 +70,8 @@ def load(args: argparse.Namespace) -> EvalConfig:
 
 def run(args: argparse.Namespace) -> int:
     config = load(args)
+    if config.eval.agent == "model":  # a scripted agent loads no model
+        check_model(config.model.name)
     from reinforge.envs.harbor.environment import use_agent
     from reinforge.envs.registry import load_configured
     from reinforge.errors import UsageError

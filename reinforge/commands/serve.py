@@ -11,6 +11,7 @@ from reinforge.commands.config_args import (
     load_with_flags,
 )
 from reinforge.config import ServeConfig
+from reinforge.policy.specs import check_model
 
 FLAGS = (
     Flag("--model", "model.name", "SPEC"),
@@ -31,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = load_with_flags(ServeConfig, args, FLAGS)
+    check_model(config.model.name)
     from reinforge.policy.backends import load_engine
     from reinforge.policy.server import serve
     from reinforge.policy.threads import prepare_cpu

@@ -18,9 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from reinforge.commands.config_args import load_command_config
-    from reinforge.config import Config
 
-    config = load_command_config(Config, args)
+    config = load_command_config(args)
     from rich.console import Console
 
     from reinforge.orchestrate.sft import sft_config, train_sft

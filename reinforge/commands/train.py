@@ -15,9 +15,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from reinforge.commands.config_args import load_command_config
-    from reinforge.config import Config
 
-    config = load_command_config(Config, args)
+    config = load_command_config(args)
+    from reinforge.envs.registry import check_args
+
+    check_args(config.env)  # before the model stack's imports, as `eval` loads it
     from rich.console import Console
 
     from reinforge.commands.view import TrainView

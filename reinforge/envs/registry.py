@@ -49,14 +49,9 @@ def installed_environments() -> dict[str, Any]:
 
 def load_environment(spec: str, /, **kwargs: Any) -> Environment:
     """The environment `spec` names, its loader given `kwargs` (a run's `env.args`)."""
-    factory = _factory(spec)
-    declared = declared_args(factory)
-    if declared is not None:
-        parameter, model = declared
-        factory = partial(factory, **{parameter: validated_args(model, kwargs)})
-        kwargs = {}
+    load = _bound(spec, kwargs)
     try:
-        environment = factory(**kwargs)
+        environment = load()
     except UsageError:  # the loader's own line: a source's unknown name, an argument it refuses
         raise
     except (TypeError, ValueError) as error:
@@ -75,6 +70,24 @@ def load_configured(config: EnvConfig) -> Environment:
     environment = load_environment(config.name, **config.args)
     config.apply(environment)
     return environment
+
+
+def check_args(config: EnvConfig) -> None:
+    """`env.args` against what the environment's loader declares, without loading it: a
+    command refuses a mistaken argument before it imports the model stack. A user's .py
+    file is not run for this (it would run twice); its arguments are checked as it loads."""
+    if not (config.name.endswith(".py") or Path(config.name).is_file()):
+        _bound(config.name, config.args)
+
+
+def _bound(spec: str, kwargs: dict[str, Any]) -> Callable[[], Any]:
+    """The loader of `spec` with `kwargs` bound, validated first where it declares them."""
+    factory = _factory(spec)
+    declared = declared_args(factory)
+    if declared is None:
+        return partial(factory, **kwargs)
+    parameter, model = declared
+    return partial(factory, **{parameter: validated_args(model, kwargs)})
 
 
 def declared_args(loader: Callable[..., Any]) -> tuple[str, type[BaseModel]] | None:

