@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import statistics
 import subprocess
 import time
@@ -32,6 +33,8 @@ WRITTEN_SPLIT = [
     "--max-turns", "3", "--max-tokens", "192", "--temperature", "0.7",
 ]  # fmt: skip
 """The held-out eval of docs/coding-job.md, as its last command."""
+GENERATED = re.compile(r"generated-(.+)-\d+$")
+"""A generated task's id names its kind."""
 
 
 def main() -> None:
@@ -55,6 +58,7 @@ def main() -> None:
         result["seeds"][str(seed)] = {
             "train_s": train_s,
             "steps": _steps(run),
+            "groups_by_kind": _groups_by_kind(run),
             "evals": _evals(run, args.eval_seeds, run),
         }
         result["gain"] = _gain(result)
@@ -115,6 +119,26 @@ def _steps(run: Path) -> list[dict[str, Any]]:
         }
         for r in rows
     ]
+
+
+def _groups_by_kind(run: Path) -> dict[str, dict[str, int]]:
+    """Over the run's steps, the groups GRPO sampled of each kind of task (a generated
+    task's kind, or "written"): how many, and how many held both outcomes, the only ones
+    that train. Where that share is low, a step's rollouts buy little signal."""
+    kinds: dict[str, dict[str, int]] = {}
+    for path in sorted((run / "trajectories").glob("step_*.jsonl")):
+        groups: dict[str, list[bool]] = {}
+        for line in path.read_text().splitlines():
+            trajectory = json.loads(line)
+            passed = trajectory["status"] in SCORED and (trajectory["reward"] or 0.0) >= 1.0
+            groups.setdefault(trajectory["task_id"], []).append(passed)
+        for task, outcomes in groups.items():
+            kind = GENERATED.sub(r"\1", task) if GENERATED.match(task) else "written"
+            counts = kinds.setdefault(kind, {"groups": 0, "varied": 0, "all_passed": 0})
+            counts["groups"] += 1
+            counts["varied"] += 0 < sum(outcomes) < len(outcomes)
+            counts["all_passed"] += all(outcomes)
+    return dict(sorted(kinds.items()))
 
 
 def _rates(evals: dict[str, dict[str, list[int]]]) -> dict[str, float]:
