@@ -181,6 +181,21 @@ async def test_a_failed_start_is_stopped_and_a_hanging_grader_is_an_error(client
     assert statuses["t2"].reward == 1.0
 
 
+async def test_an_environments_own_timeout_is_its_error_not_the_rollouts_limit(client):
+    class SlowToStart(Environment):
+        async def start(self, episode: Episode) -> None:
+            if episode.task.id == "t0":
+                raise TimeoutError("the sandbox did not start within 1 s")
+
+    env = SlowToStart(Harness(max_tokens_per_turn=2), Rubric(Reward(lambda episode: 1.0)))
+    groups = await generate_groups(env, tasks(2), client, RolloutConfig(timeout_s=60.0), 1, None)
+    statuses = {g.task.id: g.trajectories[0] for g in groups}
+    assert statuses["t0"].status == Status.ERROR
+    assert "TimeoutError: the sandbox did not start within 1 s" in statuses["t0"].error
+    assert "exceeded" not in statuses["t0"].error
+    assert statuses["t1"].reward == 1.0  # the other rollout is scored
+
+
 class ScriptedSource:
     """Rollouts without a model: every episode's client replies from `script` (no model
     writes a tool call on cue), and has no token record."""

@@ -62,6 +62,12 @@ class LoopBlocked(Exception):
     """Async user code held the event loop past `rollout.max_block_s`."""
 
 
+class TimedOut(TimeoutError):
+    """A guarded task ran past its time limit. A TimeoutError raised inside the task (a
+    sandbox that did not start in time, a tool's own deadline) is the code's failure and
+    goes on as itself, with its own message."""
+
+
 class _Interrupt(BaseException):
     """What the watchdog raises in the blocking code. Not an `Exception`, so that the
     `except Exception` of a tool call or a grader (which turns errors into tool messages
@@ -92,7 +98,7 @@ async def guarded(
     coroutine: Coroutine[Any, Any, T], what: str, timeout_s: float, max_block_s: float
 ) -> T:
     """Run `coroutine` (`what`: a rollout, a grading) in a task of its own, within
-    `timeout_s`, failing it once it holds the loop for `max_block_s`. Raises TimeoutError
+    `timeout_s`, failing it once it holds the loop for `max_block_s`. Raises TimedOut
     saying what ran past its limit and which sync calls it left running, or LoopBlocked."""
     watch = _Watch(max_block_s)
     context = contextvars.copy_context()
@@ -100,13 +106,16 @@ async def guarded(
     task = asyncio.get_running_loop().create_task(coroutine, context=context)
     _watchdog().watch(task, watch)
     try:
-        return await asyncio.wait_for(task, timeout_s)
+        async with asyncio.timeout(timeout_s) as deadline:
+            return await task
     except _Interrupt:
         raise LoopBlocked(f"{what} {watch.blocked}") from None
     except TimeoutError:
+        if not deadline.expired():
+            raise  # the task's own
         left = ", ".join(watch.abandoned)
         still = f"; left running in abandoned threads: {left}" if left else ""
-        raise TimeoutError(f"{what} exceeded {timeout_s} s{still}") from None
+        raise TimedOut(f"{what} exceeded {timeout_s} s{still}") from None
 
 
 def spawn(coroutine: Coroutine[Any, Any, T]) -> asyncio.Task[T]:

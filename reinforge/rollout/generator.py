@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import zip_longest
 
-from reinforge.envs.blocking import LoopBlocked, guarded, in_thread
+from reinforge.envs.blocking import LoopBlocked, TimedOut, guarded, in_thread
 from reinforge.envs.environment import Environment, jsonable
 from reinforge.envs.episode import Episode
 from reinforge.envs.recipe import Rollout
@@ -118,7 +118,7 @@ async def _rollout(
         try:
             played = await guarded(play(), "rollout", config.timeout_s, config.max_block_s)
             trajectory.status = Status.TRUNCATED if played.truncated else Status.OK
-        except TimeoutError as error:
+        except TimedOut as error:
             trajectory.status, trajectory.error = Status.TIMEOUT, str(error)
         except LoopBlocked as error:
             trajectory.status, trajectory.error = Status.ERROR, str(error)
@@ -174,7 +174,7 @@ async def _score(env: Environment, task: Task, done: list[_Done], config: Rollou
     try:
         grading = env.rubric.score(episodes)
         results = await guarded(grading, "grading", config.timeout_s, config.max_block_s)
-    except (TimeoutError, LoopBlocked) as error:
+    except (TimedOut, LoopBlocked) as error:
         results = [GraderError(str(error))] * len(scorable)
     elapsed = time.perf_counter() - started
     for item, result in zip(scorable, results, strict=True):
