@@ -286,7 +286,12 @@ class LocalSandbox:
         fails, times out or is cancelled.
         """
         self._outer, self._channel = helper, channel
-        await asyncio.wait_for(self._handshake(), SETUP_TIMEOUT_S)
+        try:
+            await asyncio.wait_for(self._handshake(), SETUP_TIMEOUT_S)
+        except TimeoutError:  # said as the sandbox's: a bare TimeoutError names nothing
+            raise SandboxError(
+                f"sandbox {self.id} was not set up within {SETUP_TIMEOUT_S:.0f} s"
+            ) from None
 
     async def _handshake(self) -> None:
         """Handshake with the helper: write its uid map, learn pid 1, wait for ready.

@@ -182,6 +182,21 @@ async def test_ready_before_pid_still_learns_pid_1(provider: LocalProvider, monk
         await sandbox.close()
 
 
+async def test_a_setup_past_its_deadline_is_a_sandbox_error_and_leaks_nothing(
+    provider: LocalProvider, monkeypatch
+) -> None:
+    async def never(channel: Channel) -> tuple[int, int, bytes]:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(Channel, "next_setup_message", never)
+    monkeypatch.setattr("reinforge.sandbox.local_sandbox.SETUP_TIMEOUT_S", 1.0)
+    before = set(provider.live)
+    with pytest.raises(SandboxError, match=r"^sandbox \S+ was not set up within 1 s$"):
+        await provider.create()
+    assert set(provider.live) == before
+
+
 async def test_lifetime_closes_the_sandbox(provider: LocalProvider) -> None:
     sandbox = await provider.create(SandboxSpec(lifetime_s=0.2))
     for _ in range(300):
