@@ -99,10 +99,13 @@ def _per_task(out: Path) -> dict[str, list[int]]:
     for line in (out / "trajectories.jsonl").read_text().splitlines():
         trajectory = json.loads(line)
         counts = tasks.setdefault(trajectory["task_id"], [0, 0])
-        scored = trajectory["status"] in SCORED
-        counts[0] += scored and (trajectory["reward"] or 0.0) >= threshold
+        counts[0] += _passed(trajectory, threshold)
         counts[1] += 1
     return tasks
+
+
+def _passed(trajectory: dict[str, Any], threshold: float) -> bool:
+    return trajectory["status"] in SCORED and (trajectory["reward"] or 0.0) >= threshold
 
 
 def _steps(run: Path) -> list[dict[str, Any]]:
@@ -125,15 +128,17 @@ def _groups_by_kind(run: Path) -> dict[str, dict[str, int]]:
     """Over the run's steps, the groups GRPO sampled of each kind of task (a generated
     task's kind, or "written"): how many, and how many held both outcomes, the only ones
     that train. Where that share is low, a step's rollouts buy little signal."""
+    first_step = (run / "metrics.jsonl").read_text().splitlines()[0]
+    threshold = json.loads(first_step)["pass_threshold"]
     kinds: dict[str, dict[str, int]] = {}
     for path in sorted((run / "trajectories").glob("step_*.jsonl")):
         groups: dict[str, list[bool]] = {}
         for line in path.read_text().splitlines():
             trajectory = json.loads(line)
-            passed = trajectory["status"] in SCORED and (trajectory["reward"] or 0.0) >= 1.0
-            groups.setdefault(trajectory["task_id"], []).append(passed)
+            groups.setdefault(trajectory["task_id"], []).append(_passed(trajectory, threshold))
         for task, outcomes in groups.items():
-            kind = GENERATED.sub(r"\1", task) if GENERATED.match(task) else "written"
+            generated = GENERATED.match(task)
+            kind = generated.group(1) if generated else "written"
             counts = kinds.setdefault(kind, {"groups": 0, "varied": 0, "all_passed": 0})
             counts["groups"] += 1
             counts["varied"] += 0 < sum(outcomes) < len(outcomes)

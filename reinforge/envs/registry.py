@@ -76,7 +76,7 @@ def check_args(config: EnvConfig) -> None:
     """`env.args` against what the environment's loader declares, without loading it: a
     command refuses a mistaken argument before it imports the model stack. A user's .py
     file is not run for this (it would run twice); its arguments are checked as it loads."""
-    if not (config.name.endswith(".py") or Path(config.name).is_file()):
+    if not _user_file(config.name):
         _bound(config.name, config.args)
 
 
@@ -126,7 +126,7 @@ def _factory(spec: str) -> Callable[..., Any]:
     if Path(spec).is_dir():  # a task set, loaded by its format's loader (Harbor's)
         formats = {ep.name: ep for ep in entry_points(group=TASK_FORMATS)}
         return partial(formats["harbor"].load(), spec)
-    if spec.endswith(".py") or Path(spec).is_file():
+    if _user_file(spec):
         return _from_file(Path(spec))
     if ":" in spec:
         try:
@@ -142,6 +142,11 @@ def _factory(spec: str) -> Callable[..., Any]:
             "(or give a path to a .py file, module:function, or a Harbor task directory)"
         )
     return installed[spec].load()
+
+
+def _user_file(spec: str) -> bool:
+    """A spec naming a user's Python file, which loading runs."""
+    return spec.endswith(".py") or Path(spec).is_file()
 
 
 def _from_file(path: Path) -> Callable[..., Any]:
