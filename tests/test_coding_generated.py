@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 
 import pytest
 
@@ -30,7 +31,7 @@ def coding(**args):
 
 @pytest.mark.parametrize(("agent", "reward"), [("oracle", 1.0), ("nop", 0.0)])
 async def test_every_kind_scores_1_with_its_solution_and_0_untouched(tmp_path, agent, reward):
-    paths = generate(2 * len(KINDS), seed=0, root=tmp_path)
+    paths = generate(2 * len(KINDS), seed=0, root=tmp_path, kinds=list(KINDS))
     assert {p.name.rsplit("-", 1)[0] for p in paths} == {f"generated-{kind}" for kind in KINDS}
     trajectories = await run_all(played_by(agent, tmp_path))
     assert sorted(t.task_id for t in trajectories) == sorted(p.name for p in paths)
@@ -55,6 +56,7 @@ async def test_described_contents_score_1_with_their_solution_and_0_untouched(
 async def test_a_python_task_is_graded_on_what_its_function_returns(tmp_path):
     """A change that runs but returns the wrong values scores 0, whatever the file says."""
     python_kinds = ["fix-operator", "fix-typo", "return-not-print", "implement"]
+    python_kinds.append("implement-described")
     paths = generate(2 * len(python_kinds), seed=0, root=tmp_path, kinds=python_kinds)
     for path in paths:
         (module,) = (path / "environment").glob("*.py")
@@ -63,6 +65,31 @@ async def test_a_python_task_is_graded_on_what_its_function_returns(tmp_path):
     trajectories = await run_all(played_by("oracle", tmp_path))
     assert len(trajectories) == len(paths)
     assert all(t.status == "ok" and t.reward == 0.0 for t in trajectories), trajectories
+
+
+async def test_a_described_body_is_the_agents_to_find_and_no_shortcut_passes(tmp_path):
+    """The instruction says what the function returns in words and one example, never the
+    expression; returning the argument as it came, or the example's value, scores 0."""
+    for shortcut in ("argument", "example"):
+        paths = generate(60, seed=0, root=tmp_path / shortcut, kinds=["implement-described"])
+        for path in paths:
+            instruction = (path / "instruction.md").read_text().strip()
+            solve = path / "solution" / "solve.sh"
+            expression = re.search(r"/return (.+)/' ", solve.read_text()).group(1)
+            assert (
+                f"`{expression}`" not in instruction and f"return {expression}" not in instruction
+            )
+            (module,) = (path / "environment").glob("*.py")
+            signature = module.read_text().splitlines()[0]
+            returned = {
+                "argument": re.search(r"\((\w+)\):", signature).group(1),
+                "example": re.search(r"`([^`]+)`\.$", instruction).group(1),
+            }[shortcut]
+            body = f"{signature}\n    return {returned}\n"
+            solve.write_text(f"#!/bin/bash\ncat > /app/{module.name} <<'PY'\n{body}PY\n")
+        trajectories = await run_all(played_by("oracle", tmp_path / shortcut))
+        assert len(trajectories) == len(paths)
+        assert all(t.status == "ok" and t.reward == 0.0 for t in trajectories), trajectories
 
 
 def test_every_function_task_runs_the_candidate_with_the_one_shared_check():
@@ -91,14 +118,16 @@ def test_a_generated_task_never_names_a_path_or_function_a_written_task_names(tm
     def names(paths) -> set[str]:
         return set().union(*(named((p / "instruction.md").read_text()) for p in paths))
 
-    assert names(generate(200, seed=1, root=tmp_path / "drawn")) & written
-    assert not names(generate(200, seed=1, root=tmp_path / "kept", avoid=written)) & written
+    every = list(KINDS)
+    assert names(generate(200, seed=1, root=tmp_path / "drawn", kinds=every)) & written
+    kept = generate(200, seed=1, root=tmp_path / "kept", kinds=every, avoid=written)
+    assert not names(kept) & written
     env = coding(split="train", generated={"tasks": 200, "seed": 1})
     assert not names(env.runnable[name].path for name in generated(env)) & written
 
 
 def test_the_generated_tasks_audit_clean(tmp_path):
-    generate(len(KINDS), seed=0, root=tmp_path / "tasks")
+    generate(len(KINDS), seed=0, root=tmp_path / "tasks", kinds=list(KINDS))
     out = tmp_path / "audit.json"
     result = reinforge_here("audit", str(tmp_path / "tasks"), "--json", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -143,6 +172,8 @@ def test_generated_kinds_narrows_the_generated_tasks_to_those_named():
     train = coding(split="train", generated={"tasks": 6, "kinds": ["edit", "make-dir"]})
     kinds = [name.rsplit("-", 1)[0] for name in generated(train)]
     assert sorted(kinds) == ["generated-edit"] * 3 + ["generated-make-dir"] * 3
+    drawn = coding(split="train", generated={"tasks": 2 * len(KINDS)})
+    assert "generated-implement-described" not in {n.rsplit("-", 1)[0] for n in generated(drawn)}
     with pytest.raises(UsageError, match=r"kinds: unknown kinds \['paint'\]: name one or more"):
         coding(split="train", generated={"tasks": 2, "kinds": ["edit", "paint"]})
     with pytest.raises(UsageError, match="generated.kinds: List should have at least 1 item"):

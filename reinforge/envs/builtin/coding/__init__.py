@@ -18,7 +18,7 @@ from typing import Any, Self
 
 from pydantic import Field, field_validator, model_validator
 
-from reinforge.envs.builtin.coding.generated import KINDS, generate, named
+from reinforge.envs.builtin.coding.generated import DRAWN, KINDS, generate, named
 from reinforge.envs.environment import Environment
 from reinforge.envs.harbor.environment import HarborArgs
 from reinforge.envs.harbor.environment import load_environment as load_harbor
@@ -36,10 +36,11 @@ class Generated(Section):
     seed: int = 0
     """Draws them: tasks drawn with a seed that training did not use are unseen tasks of
     the kinds it trained on."""
-    kinds: list[str] = Field(default_factory=lambda: list(KINDS), min_length=1)
-    """The kinds to generate (all by default): to measure a policy on one kind, or to train
-    on it. GRPO on the kinds the warm-up fails most forgot the others (docs/coding-job.md,
-    "What did not work"), so the agentic job draws them all."""
+    kinds: list[str] = Field(default_factory=lambda: list(DRAWN), min_length=1)
+    """The kinds to generate (all but `implement-described` by default): to measure a
+    policy on one kind, or to train on it. GRPO on the kinds the warm-up fails most forgot
+    the others (docs/coding-job.md, "What did not work"), so the agentic job draws them
+    all."""
     only: bool = False
     """Leave the written tasks out: with a `seed` training did not use, this measures a
     policy on its training distribution, where the written test split measures how far

@@ -27,9 +27,12 @@ KINDS: dict[str, Callable[[random.Random], Spec]] = {
         *(files.edit, files.delete, files.append, files.create),
         *(files.copy, files.make_dir, files.move, files.rename),
         *(functions.fix_operator, functions.fix_typo),
-        *(functions.return_not_print, functions.implement),
+        *(functions.return_not_print, functions.implement, functions.implement_described),
     )
 }
+DRAWN = tuple(kind for kind in KINDS if kind != "implement-described")
+"""The kinds drawn where none are named. `implement-described` is drawn only when named:
+it changes what the agentic job trains on, and docs/coding-job.md's figures are of these."""
 
 
 NAMED = re.compile(r"`(/[^`\s]+)`|`([A-Za-z_]\w*)\(")
@@ -44,7 +47,7 @@ def generate(
     n: int,
     seed: int,
     root: Path,
-    kinds: Sequence[str] = tuple(KINDS),
+    kinds: Sequence[str] = DRAWN,
     avoid: frozenset[str] = frozenset(),
 ) -> list[Path]:
     """`n` task directories under `root`, the `kinds` taken in turn, drawn from `seed`.
