@@ -5,17 +5,30 @@ Every command module exposes `add_arguments(parser)`, which adds its arguments a
 mistake raises `UsageError`: one clear line on stderr and exit code 2, never a traceback.
 Too many failed rollouts raise `TooManyErrors`: one line, exit code 3. Ctrl-C is one line
 and exit code 130; a run saves what it can first (`Interrupted` says what), and the line
-ends with the command that resumes it.
+ends with the command that resumes it. SIGTERM (a scheduler's preemption, `kill`,
+`docker stop`) stops a command the same way, with exit code 143.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from importlib import import_module
+from types import FrameType
 
-from reinforge.errors import ERRORS_EXIT, INTERRUPTED_EXIT, Interrupted, TooManyErrors, UsageError
+from reinforge.errors import (
+    ERRORS_EXIT,
+    INTERRUPTED_EXIT,
+    TERMINATED_EXIT,
+    Interrupted,
+    TooManyErrors,
+    UsageError,
+)
 
 COMMANDS = {
     "serve": "serve a model over an OpenAI-compatible API (token ids included)",
@@ -49,20 +62,47 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(build_parser(argv[0] if argv else None), argv)
+    with _sigterm_as_ctrl_c() as terminated:
+        try:
+            return int(args.func(args) or 0)
+        except UsageError as error:
+            print(f"reinforge {args.command}: error: {error}", file=sys.stderr)
+            return 2
+        except TooManyErrors as error:
+            print(f"reinforge {args.command}: error: {error}", file=sys.stderr)
+            return ERRORS_EXIT
+        except (Interrupted, KeyboardInterrupt) as error:
+            what = f": {error}" if isinstance(error, Interrupted) else ""
+            stopped = "terminated" if terminated.is_set() else "interrupted"
+            resume = _resuming(args, argv)
+            print(f"reinforge {args.command}: {stopped}{what}{resume}", file=sys.stderr)
+            return TERMINATED_EXIT if terminated.is_set() else INTERRUPTED_EXIT
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[threading.Event]:
+    """SIGTERM handed to whatever handles Ctrl-C at that moment (asyncio's run, an SFT
+    loop's own handler, Python's KeyboardInterrupt), so that a preempted run saves its
+    last finished step as Ctrl-C has it do; the event says SIGTERM came. A second SIGTERM
+    is a second Ctrl-C: out at once. Off the main thread, where no handler can be set,
+    SIGTERM keeps its default."""
+    terminated = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield terminated
+        return
+
+    def as_ctrl_c(signum: int, frame: FrameType | None) -> None:
+        terminated.set()
+        on_ctrl_c = signal.getsignal(signal.SIGINT)
+        if not callable(on_ctrl_c):  # ignored or default: nothing saves, so stop here
+            raise KeyboardInterrupt
+        on_ctrl_c(signal.SIGINT, frame)
+
+    previous = signal.signal(signal.SIGTERM, as_ctrl_c)
     try:
-        return int(args.func(args) or 0)
-    except UsageError as error:
-        print(f"reinforge {args.command}: error: {error}", file=sys.stderr)
-        return 2
-    except TooManyErrors as error:
-        print(f"reinforge {args.command}: error: {error}", file=sys.stderr)
-        return ERRORS_EXIT
-    except (Interrupted, KeyboardInterrupt) as error:
-        what = f": {error}" if isinstance(error, Interrupted) else ""
-        print(
-            f"reinforge {args.command}: interrupted{what}{_resuming(args, argv)}", file=sys.stderr
-        )
-        return INTERRUPTED_EXIT
+        yield terminated
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _resuming(args: argparse.Namespace, argv: list[str]) -> str:

@@ -41,12 +41,14 @@ class TooManyErrors(Exception):
 
 INTERRUPTED_EXIT = 130
 """Exit code of a command stopped by Ctrl-C (128 + SIGINT, as a shell reports it)."""
+TERMINATED_EXIT = 143
+"""Exit code of a command stopped by SIGTERM (128 + SIGTERM), which it handles as Ctrl-C."""
 
 
 class Interrupted(Exception):
-    """Ctrl-C stopped a run, which has saved what it could: the message says what became
-    of the step in flight and which checkpoint the run resumes from, so that a user knows
-    what was lost before they resume."""
+    """Ctrl-C (or SIGTERM) stopped a run, which has saved what it could: the message says
+    what became of the step in flight and which checkpoint the run resumes from, so that a
+    user knows what was lost before they resume."""
 
 
 def first_problem(error: ValidationError) -> tuple[str, str]:

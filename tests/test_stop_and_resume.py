@@ -37,10 +37,12 @@ def _checkpoints(run: Path) -> list[str]:
     return sorted(path.name for path in (run / "checkpoints").iterdir())
 
 
-def _interrupted(args: list[str], cue: Callable[[str], bool]) -> str:
+def _interrupted(
+    args: list[str], cue: Callable[[str], bool], sent: signal.Signals = signal.SIGINT
+) -> str:
     """Run `reinforge *args` in its own process group, press Ctrl-C there (SIGINT to the
-    group, as a terminal does) at the first stderr line that `cue` accepts, and return its
-    stderr once it has exited with 130."""
+    group, as a terminal does; or `sent`, SIGTERM as a scheduler does) at the first stderr
+    line that `cue` accepts, and return its stderr once it has exited with 128 + `sent`."""
     process = subprocess.Popen(
         [sys.executable, "-m", "reinforge", *args],
         cwd=ROOT,
@@ -52,10 +54,10 @@ def _interrupted(args: list[str], cue: Callable[[str], bool]) -> str:
         assert process.stderr is not None
         for line in process.stderr:
             if cue(line):
-                os.killpg(process.pid, signal.SIGINT)
+                os.killpg(process.pid, sent)
                 break
         stderr = process.stderr.read()
-        assert process.wait(timeout=120) == 130, stderr
+        assert process.wait(timeout=120) == 128 + sent, stderr
         return stderr
     finally:
         if process.poll() is None:
@@ -81,6 +83,22 @@ def test_ctrl_c_abandons_the_step_in_flight_saves_the_last_and_says_how_to_resum
     assert resumed.returncode == 0, resumed.stderr
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [(row["step"], row["policy_version"]) for row in rows] == [(s, s) for s in (1, 2, 3, 4)]
+
+
+def test_sigterm_to_a_sandboxed_run_stops_it_as_ctrl_c_does(tmp_path):
+    """A scheduler's SIGTERM, to every process of the job: the step in flight is abandoned,
+    the last one saved, the line says so and how to resume, exit 143. The sandbox pool,
+    which on its own cleans up and dies on SIGTERM, leaves it to the command."""
+    coding = ["env.name=coding", "env.args.split=train", 'env.args.tiers=["easy"]']
+    coding += ["env.max_turns=1", "env.max_tokens_per_turn=8", "rollout.rollouts_per_task=2"]
+    args = tiny_train(tmp_path, *coding, "run.steps=50", "run.checkpoint_every=100")[3:]
+    stderr = _interrupted(args, lambda line: line.startswith("step    1/50"), signal.SIGTERM)
+    (said,) = [line for line in stderr.splitlines() if "terminated" in line]
+    assert said.startswith("reinforge train: terminated: step ")
+    assert f"resume with: reinforge {shlex.join([*args, '--resume'])}" in said
+    run = tmp_path / "r"
+    done = _steps(run)
+    assert done and _checkpoints(run) == [f"step_{done[-1]:05d}"]
 
 
 def test_ctrl_c_before_the_first_checkpoint_says_so_and_the_run_resumes_from_step_0(tmp_path):

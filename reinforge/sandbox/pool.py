@@ -152,6 +152,9 @@ class SandboxPool:
     async def start(self) -> SandboxPool:
         if self._subreaper:
             become_subreaper()
+        # Only where the process has no plan of its own for SIGTERM: a `reinforge` command
+        # stops as on Ctrl-C, saving first, and closes the pool on its way out.
+        self._handle_sigterm &= signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
         if self._handle_sigterm:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._on_sigterm)

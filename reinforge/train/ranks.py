@@ -176,8 +176,10 @@ def _serve(
 ) -> None:
     """A rank's life: join the group, build the object, answer calls until told to stop
     (None) or until the driver is gone. Ctrl-C, which a terminal sends to every process of
-    the run, is the driver's to act on: it still needs the ranks to save a checkpoint."""
+    the run, and SIGTERM, which a scheduler may, are the driver's to act on: it still needs
+    the ranks to save a checkpoint."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if not torch.cuda.is_available():  # the ranks share the cores rather than each taking all
         torch.set_num_threads(max(1, usable_cpus() // config.world_size))
     try:
