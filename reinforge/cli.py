@@ -62,7 +62,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(build_parser(argv[0] if argv else None), argv)
-    with _sigterm_as_ctrl_c() as terminated:
+    with sigterm_as_ctrl_c() as terminated:
         try:
             return int(args.func(args) or 0)
         except UsageError as error:
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 @contextlib.contextmanager
-def _sigterm_as_ctrl_c() -> Iterator[threading.Event]:
+def sigterm_as_ctrl_c() -> Iterator[threading.Event]:
     """SIGTERM handed to whatever handles Ctrl-C at that moment (asyncio's run, an SFT
     loop's own handler, Python's KeyboardInterrupt), so that a preempted run saves its
     last finished step as Ctrl-C has it do; the event says SIGTERM came. A second SIGTERM

@@ -14,7 +14,7 @@ import pytest_asyncio
 import torch
 from transformers import AutoModelForCausalLM
 
-from reinforge.cli import main
+from reinforge.cli import main, sigterm_as_ctrl_c
 from reinforge.config import Config, load_config
 from reinforge.envs.registry import load_environment
 from reinforge.errors import Interrupted
@@ -307,7 +307,10 @@ def _write(path: Path, rewards_and_statuses: list[tuple[float, str]]) -> Path:
     return path
 
 
-def test_ctrl_c_lets_the_step_in_flight_finish_and_checkpoints_it(tmp_path, monkeypatch):
+@pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_lets_the_step_in_flight_finish_and_checkpoints_it(
+    tmp_path, monkeypatch, sent
+):
     eval_dir = evaluate(tmp_path / "eval", max_tokens=8)
     args = [
         "model.name=tiny-random", f"sft.data={eval_dir}", 'sft.statuses=["ok", "truncated"]',
@@ -321,12 +324,15 @@ def test_ctrl_c_lets_the_step_in_flight_finish_and_checkpoints_it(tmp_path, monk
     def ctrl_c_in_step_2(rows):  # the signal arrives as step 2 starts training
         batches.append(rows)
         if len(batches) == 2:
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), sent)
         return train_batch(rows)
 
     monkeypatch.setattr(orchestrate_sft, "train_batch", ctrl_c_in_step_2)
-    with pytest.raises(Interrupted) as stopped:
-        train_sft(config, examples, lambda metrics: None)
+    before = signal.getsignal(signal.SIGTERM)
+    with sigterm_as_ctrl_c() as terminated, pytest.raises(Interrupted) as stopped:
+        train_sft(config, examples, lambda metrics: None)  # as the command line runs it
+    assert terminated.is_set() == (sent == signal.SIGTERM)
+    assert signal.getsignal(signal.SIGTERM) is before
     assert str(stopped.value) == "step 2 finished, as it was training; checkpoint of step 2 saved"
     run = tmp_path / "r"
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
