@@ -4,6 +4,7 @@ weights from a trainer, and a training run that samples from it."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -193,13 +194,14 @@ def test_a_run_trains_against_reinforge_serve(server, tmp_path, mode):
 def test_a_wrong_token_is_one_clear_line(server, tmp_path):
     served = ["engines.kind=served", f"engines.url={server}/v1", "engines.token=nope"]
     argv = tiny_train(tmp_path, "loop.mode=async", *served)
-    handoff = Path("/dev/shm")
-    before = set(handoff.glob("reinforge-weights-*"))
+    # The run is this process (`run_here`): its folder holds this pid, other workers' not.
+    ours = f"reinforge-weights-{os.getpid()}-*"
+    before = set(Path("/dev/shm").glob(ours))
     process = run_here(argv)
     assert process.returncode == 2
     assert "refused to take the weights: wrong or missing weights token" in process.stderr
     assert "Traceback" not in process.stderr
-    assert set(handoff.glob("reinforge-weights-*")) <= before  # the handoff folder is gone
+    assert set(Path("/dev/shm").glob(ours)) <= before  # the handoff folder is gone
 
 
 def test_an_untied_lm_head_takes_its_new_weights_in_vllm(tmp_path):

@@ -277,11 +277,11 @@ class FilePush(EngineLinks):
 
 def weights_folder() -> Path:
     """A new folder for weight files: in memory (/dev/shm) where there is one, since an
-    engine reads them once, at once."""
+    engine reads them once, at once. Its name holds this process's id: a run killed
+    outright (SIGKILL, the OOM killer) cannot remove it, and the name says whose it was."""
     memory = Path("/dev/shm")
-    return Path(
-        tempfile.mkdtemp(prefix="reinforge-weights-", dir=memory if memory.is_dir() else None)
-    )
+    prefix = f"reinforge-weights-{os.getpid()}-"
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=memory if memory.is_dir() else None))
 
 
 def check_versions(served: list[int], version: int) -> None:
