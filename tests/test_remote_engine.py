@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +17,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from reinforge.orchestrate.weight_sync import HeldFolder, remove_abandoned
 from reinforge.policy.config import EngineConfig, ServerConfig
 from reinforge.policy.engine import Engine
 from reinforge.policy.models import load_model
@@ -202,6 +205,40 @@ def test_a_wrong_token_is_one_clear_line(server, tmp_path):
     assert "refused to take the weights: wrong or missing weights token" in process.stderr
     assert "Traceback" not in process.stderr
     assert set(Path("/dev/shm").glob(ours)) <= before  # the handoff folder is gone
+
+
+HOLDS_A_FOLDER = """
+import sys, time
+from reinforge.orchestrate.weight_sync import HeldFolder, remove_abandoned
+folder = HeldFolder()
+(folder.path / "weights.safetensors").write_bytes(b"w" * 4096)
+print(folder.path, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_runs_weights_folder_is_removed_by_the_next_and_a_live_ones_kept():
+    # Two real owners: one SIGKILLed (nothing of it can clean up), one alive.
+    owners = [
+        subprocess.Popen([sys.executable, "-c", HOLDS_A_FOLDER], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    try:
+        killed, alive = (Path(owner.stdout.readline().strip()) for owner in owners)
+        assert killed.name.startswith(f"reinforge-weights-{owners[0].pid}-")
+        owners[0].kill()
+        owners[0].wait()
+        assert (killed / "weights.safetensors").exists()  # abandoned, in RAM
+        ours = HeldFolder()
+        assert not killed.exists()
+        assert (alive / "weights.safetensors").exists()
+        ours.remove()
+        assert not ours.path.exists()
+    finally:
+        for owner in owners:
+            owner.kill()
+            owner.wait()
+        remove_abandoned(Path("/dev/shm"))
 
 
 def test_an_untied_lm_head_takes_its_new_weights_in_vllm(tmp_path):

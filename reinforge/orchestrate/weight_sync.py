@@ -27,6 +27,7 @@ the version moves on; the trainer itself knows nothing of engines.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
@@ -249,8 +250,8 @@ class FilePush(EngineLinks):
         self, urls: list[str], token: str | None, supervised: bool, relay: Relay | None = None
     ) -> None:
         super().__init__(urls, token, supervised, relay)
-        self._dir = weights_folder()
-        self._weights = self._dir / "weights.safetensors"
+        self._dir = HeldFolder()
+        self._weights = self._dir.path / "weights.safetensors"
 
     def _deliver(self, trainer: PolicyTrainer, version: int) -> tuple[int, int, float]:
         started = time.perf_counter()
@@ -272,16 +273,50 @@ class FilePush(EngineLinks):
 
     def close(self) -> None:
         super().close()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        self._dir.remove()
 
 
-def weights_folder() -> Path:
+WEIGHTS_PREFIX = "reinforge-weights-"
+
+
+class HeldFolder:
     """A new folder for weight files: in memory (/dev/shm) where there is one, since an
-    engine reads them once, at once. Its name holds this process's id: a run killed
-    outright (SIGKILL, the OOM killer) cannot remove it, and the name says whose it was."""
-    memory = Path("/dev/shm")
-    prefix = f"reinforge-weights-{os.getpid()}-"
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=memory if memory.is_dir() else None))
+    engine reads them once, at once. A run killed outright (SIGKILL, the OOM killer)
+    cannot remove it, and it holds the model's weights in RAM, so its owner holds an
+    exclusive lock on it for life (the kernel drops the lock when the owner dies, however
+    it dies), and each new one first removes those whose lock is free. The name holds the
+    owner's process id, to say whose a folder is."""
+
+    def __init__(self) -> None:
+        memory = Path("/dev/shm")
+        parent = memory if memory.is_dir() else Path(tempfile.gettempdir())
+        remove_abandoned(parent)
+        # Locked under a name the remover skips, then renamed: never seen unlocked.
+        hidden = Path(tempfile.mkdtemp(prefix=f".{WEIGHTS_PREFIX}", dir=parent))
+        self._lock = os.open(hidden, os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        self.path = parent / f"{WEIGHTS_PREFIX}{os.getpid()}-{hidden.name.rsplit('-', 1)[-1]}"
+        hidden.rename(self.path)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+        os.close(self._lock)
+
+
+def remove_abandoned(parent: Path) -> None:
+    """Removes the weight folders in `parent` whose owner is gone (their lock is free)."""
+    for folder in parent.glob(f"{WEIGHTS_PREFIX}*"):
+        try:
+            handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:  # removed meanwhile, or not a folder
+            continue
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # its owner lives
+            continue
+        finally:
+            os.close(handle)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def check_versions(served: list[int], version: int) -> None:
