@@ -7,6 +7,9 @@ mean over seeds and tasks. The held-out tasks are few (18) and differ far more f
 other than seeds do, so the interval resamples tasks, keeping each task's warm-up and GRPO
 rates paired. Every run and eval is kept under `--runs` and skipped when already there,
 so an interrupted invocation picks up where it stopped; the JSON is rewritten after each.
+With `--against` another invocation's JSON from the same warm-up and seeds, it adds this
+recipe's gain minus that one's, paired by task the same way: two recipes' gains differ
+less than each differs from zero, so only a paired interval can tell them apart.
 
     python benchmarks/coding_seeds.py --warmup runs/coding-sft --seeds 0 1 2 3 \
         --eval-seeds 0 1 2 3 --json benchmarks/coding_seeds-results.json \
@@ -47,6 +50,7 @@ def main() -> None:
     parser.add_argument("--name", default="coding-seeds", help="run names start with this")
     parser.add_argument("--runs", type=Path, default=Path("runs"))
     parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--against", type=Path, help="another recipe's JSON, to compare")
     args = parser.parse_args()
 
     result: dict[str, Any] = {"command": _command(args), "warmup": {}, "seeds": {}}
@@ -62,9 +66,13 @@ def main() -> None:
             "evals": _evals(run, args.eval_seeds, run),
         }
         result["gain"] = _gain(result)
+        if args.against:
+            result["against"] = _against(result, json.loads(args.against.read_text()))
         _write(args.json, result)
         print(json.dumps({"seed": seed, **result["gain"]["by_seed"][str(seed)]}))
     print(json.dumps({k: v for k, v in result["gain"].items() if k != "by_task"}, indent=1))
+    if args.against:
+        print(json.dumps({"against": args.against.name, **result["against"]}))
 
 
 def _train(args: argparse.Namespace, seed: int, run: Path) -> float | None:
@@ -164,10 +172,6 @@ def _gain(result: dict[str, Any]) -> dict[str, Any]:
     if any(sorted(rates) != tasks for rates in seeds.values()):
         raise SystemExit("the evals drew different tasks: not the same held-out split")
     by_task = {t: statistics.mean(r[t] for r in seeds.values()) - warmup[t] for t in tasks}
-    rng = random.Random(0)
-    means = sorted(
-        statistics.mean(by_task[rng.choice(tasks)] for _ in tasks) for _ in range(10_000)
-    )
     return {
         "warmup_pass": statistics.mean(warmup.values()),
         "by_seed": {
@@ -178,9 +182,33 @@ def _gain(result: dict[str, Any]) -> dict[str, Any]:
             for seed, rates in seeds.items()
         },
         "mean_gain": statistics.mean(by_task.values()),
-        "ci95": [means[249], means[9749]],
+        "ci95": _interval(by_task),
         "by_task": by_task,
     }
+
+
+def _against(result: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """This recipe's gain minus `other`'s, task by task, over the seeds both ran."""
+    if other["warmup"]["evals"] != result["warmup"]["evals"]:
+        raise SystemExit("--against: another warm-up's evals; the gains would not pair")
+    seeds = sorted(set(result["seeds"]) & set(other["seeds"]))
+    ours = _gain({**result, "seeds": {s: result["seeds"][s] for s in seeds}})["by_task"]
+    theirs = _gain({**other, "seeds": {s: other["seeds"][s] for s in seeds}})["by_task"]
+    difference = {task: ours[task] - theirs[task] for task in ours}
+    return {
+        "seeds": seeds,
+        "difference": statistics.mean(difference.values()),
+        "ci95": _interval(difference),
+    }
+
+
+def _interval(by_task: dict[str, float]) -> list[float]:
+    """The paired bootstrap's 95% interval of the mean over tasks, resampling tasks."""
+    tasks, rng = sorted(by_task), random.Random(0)
+    means = sorted(
+        statistics.mean(by_task[rng.choice(tasks)] for _ in tasks) for _ in range(10_000)
+    )
+    return [means[249], means[9749]]
 
 
 def _command(args: argparse.Namespace) -> list[str]:
