@@ -192,6 +192,8 @@ def _against(result: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     if other["warmup"]["evals"] != result["warmup"]["evals"]:
         raise SystemExit("--against: another warm-up's evals; the gains would not pair")
     seeds = sorted(set(result["seeds"]) & set(other["seeds"]))
+    if not seeds:
+        return {"seeds": [], "difference": None, "ci95": None}
     ours = _gain({**result, "seeds": {s: result["seeds"][s] for s in seeds}})["by_task"]
     theirs = _gain({**other, "seeds": {s: other["seeds"][s] for s in seeds}})["by_task"]
     difference = {task: ours[task] - theirs[task] for task in ours}
