@@ -208,8 +208,8 @@ def test_a_wrong_token_is_one_clear_line(server, tmp_path):
 
 
 HOLDS_A_FOLDER = """
-import sys, time
-from reinforge.orchestrate.weight_sync import HeldFolder, remove_abandoned
+import time
+from reinforge.orchestrate.weight_sync import HeldFolder
 folder = HeldFolder()
 (folder.path / "weights.safetensors").write_bytes(b"w" * 4096)
 print(folder.path, flush=True)

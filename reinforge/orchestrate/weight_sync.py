@@ -284,8 +284,10 @@ class HeldFolder:
     engine reads them once, at once. A run killed outright (SIGKILL, the OOM killer)
     cannot remove it, and it holds the model's weights in RAM, so its owner holds an
     exclusive lock on it for life (the kernel drops the lock when the owner dies, however
-    it dies), and each new one first removes those whose lock is free. The name holds the
-    owner's process id, to say whose a folder is."""
+    it dies), and each new one first removes those whose lock is free. A lock, not the
+    owner's pid and start time as sandboxes are reaped (`sandbox/reaper.py`): containers
+    given the host's IPC namespace share /dev/shm but not its pids, so there a live run
+    would look dead. The name holds the owner's process id, to say whose a folder is."""
 
     def __init__(self) -> None:
         memory = Path("/dev/shm")
