@@ -94,7 +94,10 @@ from reinforge.policy.specs import DEFAULT_MODEL
 
 PROMPT = 45
 """Prompt tokens prefilled before the timed steps (the arithmetic prompts' length)."""
-MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::_mkldnn_linear", "aten::mkldnn_mm"}
+MATMUL_OPS = {
+    "aten::mm", "aten::addmm", "aten::bmm", "aten::_mkldnn_linear", "aten::mkldnn_mm",
+    "mkldnn::_linear_pointwise",
+}  # fmt: skip
 """Ops whose self time is matrix multiplication (their callers, linear and matmul,
 only dispatch)."""
 DTYPES = ("float32", "bfloat16")

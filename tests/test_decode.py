@@ -180,6 +180,49 @@ def test_weights_changed_in_place_are_used_at_once() -> None:
         torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
 
 
+onednn = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN to lay out for"
+)
+
+
+@onednn
+@pytest.mark.parametrize(
+    "prompts",
+    [[[5, 6, 7, 8, 9]], [[5, 6, 7], [10, 11, 12, 13, 14]]],
+    ids=["one row, no padding", "left-padded rows"],
+)
+def test_bf16_weights_laid_out_once_multiply_as_torchs_own_matmuls(
+    prompts: list[list[int]],
+) -> None:
+    """Blocked copies (biases, residuals added in the matmul, the head) give the plain
+    step's logits and cache: the same products, in oneDNN's weight layout."""
+    model = _llama().to(torch.bfloat16)
+    blocked = LlamaDecoder(model, blocked=True)
+    assert all(layer.down._copy is not None for layer in blocked.layers)  # laid out at once
+    _, plain, plain_keys = _decode_both(model, prompts, 4, LlamaDecoder(model, blocked=False))
+    _, ours, our_keys = _decode_both(model, prompts, 4, blocked)
+    for expected, actual in zip(plain, ours, strict=True):
+        assert actual.dtype == torch.bfloat16
+        torch.testing.assert_close(actual.float(), expected.float(), rtol=0.0, atol=0.01)
+    for (_, expected), (_, actual) in zip(plain_keys, our_keys, strict=True):
+        torch.testing.assert_close(actual.float(), expected.float(), rtol=0.0, atol=0.01)
+
+
+@onednn
+def test_laid_out_weights_follow_a_change_in_place() -> None:
+    """A weight sync copies into the engine's tensors: the next step lays them out again."""
+    model = _llama().to(torch.bfloat16)
+    decoder = LlamaDecoder(model, blocked=True)
+    before, _, _ = _decode_both(model, [[3, 4, 5], [6]], steps=2, decoder=decoder)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(parameter + torch.randn_like(parameter) * 0.05)
+    theirs, ours, _ = _decode_both(model, [[3, 4, 5], [6]], steps=2, decoder=decoder)
+    for old, expected, actual in zip(before, theirs, ours, strict=True):
+        assert not torch.allclose(old.float(), expected.float(), atol=0.1)  # the change shows
+        torch.testing.assert_close(actual.float(), expected.float(), rtol=0.05, atol=0.05)
+
+
 def test_other_models_keep_transformers_forward() -> None:
     lora = get_peft_model(_llama(), LoraConfig(r=2, target_modules=["q_proj"]))
     assert llama_decoder(lora) is None  # adapters live in the wrapped forward

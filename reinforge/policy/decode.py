@@ -11,6 +11,13 @@ matmuls. It reads the model's own parameters (no copy, so in-place updates, the 
 trainer's optimizer step included, are seen at once) and appends to the same KV cache;
 the engine uses it for every decode step and keeps transformers' forward for prefills.
 Models of any other shape, or wrapped (a LoRA model), keep transformers' forward.
+
+In bf16 on a CPU where torch hands bf16 matmuls to oneDNN, each matmul reads its weight
+from a copy in oneDNN's blocked layout: torch's bf16 linear lays the weight out so at
+every call, about half of a batch-1 matmul's time (`benchmarks/README.md`, "Weights laid
+out once"), for the same products (the same logits bit for bit where measured). A copy is
+laid out again when its weight changes, so the rule above holds; it costs a second copy
+of the linear weights.
 """
 
 from __future__ import annotations
@@ -31,19 +38,69 @@ DecodeStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Cache], torch.T
 one token per running row, as `LlamaDecoder.__call__` describes."""
 
 
+class _Matmul:
+    """One linear layer as the step multiplies by it: its own weight, or the weight's
+    blocked copy (the module docstring), laid out again whenever the weight's version
+    counter or storage moves (a weight sync's copy, an optimizer step)."""
+
+    def __init__(self, layer: nn.Linear, blocked: bool) -> None:
+        self.layer = layer
+        self.blocked = blocked
+        self._copy: torch.Tensor | None = None
+        self._of: tuple[int, int] | None = None  # (data_ptr, version) the copy was made from
+        if blocked:
+            self._weight()  # now, so the engine's memory budget sees the copy
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        """layer(h)."""
+        if not self.blocked:
+            return F.linear(h, self.layer.weight, self.layer.bias)
+        blocked, bias = self._weight(), self.layer.bias
+        return torch.ops.mkldnn._linear_pointwise(h, blocked, bias, "none", [], "")
+
+    def add(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """x + layer(h), the residual added inside the matmul."""
+        residual = x if self.layer.bias is None else x + self.layer.bias
+        if not self.blocked:
+            return torch.addmm(residual, h, self.layer.weight.t())
+        return torch.ops.mkldnn._linear_pointwise.binary(h, residual, self._weight(), None, "add")
+
+    def _weight(self) -> torch.Tensor:
+        weight = self.layer.weight
+        now = (weight.data_ptr(), weight._version)
+        if self._copy is None or self._of != now:
+            self._copy = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+            self._of = now
+        return self._copy
+
+
+def lays_out_weights(weight: torch.Tensor) -> bool:
+    """Whether the step multiplies by blocked copies of weights like `weight`: bf16 on a
+    CPU where torch hands bf16 matmuls to oneDNN (x86 with AVX-512 or AMX; AVX2-only
+    CPUs multiply bf16 another way, with no layout to save). Not for tensors made under
+    `torch.inference_mode`, which keep no version counter to tell a change by."""
+    return (
+        weight.dtype == torch.bfloat16
+        and not weight.is_inference()
+        and weight.device.type == "cpu"
+        and torch.backends.mkldnn.is_available()
+        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    )
+
+
 @dataclass(frozen=True)
 class _Layer:
-    """One decoder layer's modules; their parameters are read at each call."""
+    """One decoder layer's norms and matmuls; their parameters are read at each call."""
 
     norm1: nn.Module
-    q: nn.Linear
-    k: nn.Linear
-    v: nn.Linear
-    o: nn.Linear
+    q: _Matmul
+    k: _Matmul
+    v: _Matmul
+    o: _Matmul
     norm2: nn.Module
-    gate: nn.Linear
-    up: nn.Linear
-    down: nn.Linear
+    gate: _Matmul
+    up: _Matmul
+    down: _Matmul
 
 
 class LlamaDecoder:
@@ -51,27 +108,38 @@ class LlamaDecoder:
     cache: RMSNorm in float32, rotary embeddings from the model's own rotary module (any
     rope scaling it has), grouped-query attention over the cached columns the mask keeps."""
 
-    def __init__(self, model: LlamaForCausalLM) -> None:
+    def __init__(self, model: LlamaForCausalLM, blocked: bool | None = None) -> None:
+        """`blocked`: whether matmuls read blocked copies of the weights (the module
+        docstring); None: where `lays_out_weights` says they pay."""
         config = model.config
         self.model = model
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
+        if blocked is None:
+            blocked = lays_out_weights(model.lm_head.weight)
+
+        def matmul(layer: nn.Linear) -> _Matmul:
+            return _Matmul(layer, blocked)
+
         self.layers = [
             _Layer(
                 block.input_layernorm,
-                block.self_attn.q_proj,
-                block.self_attn.k_proj,
-                block.self_attn.v_proj,
-                block.self_attn.o_proj,
+                matmul(block.self_attn.q_proj),
+                matmul(block.self_attn.k_proj),
+                matmul(block.self_attn.v_proj),
+                matmul(block.self_attn.o_proj),
                 block.post_attention_layernorm,
-                block.mlp.gate_proj,
-                block.mlp.up_proj,
-                block.mlp.down_proj,
+                matmul(block.mlp.gate_proj),
+                matmul(block.mlp.up_proj),
+                matmul(block.mlp.down_proj),
             )
             for block in model.model.layers
         ]
+        # The vocabulary projection is a fifth of the weights: blocked too, where the
+        # others are, which skips the head module's hooks as the layers' matmuls do.
+        self.head = matmul(model.lm_head) if blocked else model.lm_head
         self.rotary = _Rotary(model.model.rotary_emb)
 
     def __call__(
@@ -91,18 +159,18 @@ class LlamaDecoder:
             h = _rms_norm(x, layer.norm1.weight, self.eps)
             # The query heads sharing a key/value head are that head's "query positions":
             # the same sums as repeating keys and values per query head, without the copy.
-            q = _rotate(_linear(h, layer.q).view(rows, kv_heads, group, dim), cos, sin)
-            k = _rotate(_linear(h, layer.k).view(rows, kv_heads, 1, dim), cos, sin)
-            v = _linear(h, layer.v).view(rows, kv_heads, 1, dim)
+            q = _rotate(layer.q(h).view(rows, kv_heads, group, dim), cos, sin)
+            k = _rotate(layer.k(h).view(rows, kv_heads, 1, dim), cos, sin)
+            v = layer.v(h).view(rows, kv_heads, 1, dim)
             keys, values = cache.update(k, v, index)  # (B, Hk, L, D) each
             attended = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=keep, scale=dim**-0.5
             )  # (B, Hk, G, D)
-            x = _add_linear(x, attended.reshape(rows, self.heads * dim), layer.o)
+            x = layer.o.add(x, attended.reshape(rows, self.heads * dim))
             h = _rms_norm(x, layer.norm2.weight, self.eps)
-            gated = F.silu(_linear(h, layer.gate), inplace=True).mul_(_linear(h, layer.up))
-            x = _add_linear(x, gated, layer.down)
-        return self.model.lm_head(_rms_norm(x, self.model.model.norm.weight, self.eps))
+            gated = F.silu(layer.gate(h), inplace=True).mul_(layer.up(h))
+            x = layer.down.add(x, gated)
+        return self.head(_rms_norm(x, self.model.model.norm.weight, self.eps))
 
 
 class _Rotary:
@@ -181,15 +249,6 @@ def llama_decoder(model: PreTrainedModel) -> LlamaDecoder | None:
         and getattr(config, "pretraining_tp", 1) == 1
     )
     return LlamaDecoder(model) if plain else None
-
-
-def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    return F.linear(x, layer.weight, layer.bias)
-
-
-def _add_linear(x: torch.Tensor, h: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
-    """x + layer(h), the residual added inside the matmul."""
-    return torch.addmm(x if layer.bias is None else x + layer.bias, h, layer.weight.t())
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
