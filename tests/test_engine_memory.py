@@ -20,6 +20,7 @@ from reinforge.config import ServeConfig, load_config
 from reinforge.policy.backends import load_engine
 from reinforge.policy.cgroups import cgroup_folders
 from reinforge.policy.config import EngineConfig
+from reinforge.policy.decode import LlamaDecoder
 from reinforge.policy.engine import Engine
 from reinforge.policy.engine_thread import Completion, Sampled
 from reinforge.policy.memory import (
@@ -78,6 +79,26 @@ def raising(
     return module.register_forward_pre_hook(hook).remove
 
 
+def raising_at_the_head(
+    engine: Engine, when: Callable[[torch.Tensor], bool], error: Exception
+) -> Callable[[], None]:
+    """Make the engine's decode step raise `error` at its vocabulary projection, after
+    every layer appended its new column, whenever the projection's input makes `when`
+    true; returns the undo. (The step multiplies by the head's weight, not through its
+    module, where it lays weights out: no module hook would run.)"""
+    decoder = engine._decode_step
+    assert isinstance(decoder, LlamaDecoder)
+    head = decoder.head
+
+    def failing(x: torch.Tensor) -> torch.Tensor:
+        if when(x):
+            raise error
+        return head(x)
+
+    decoder.head = failing
+    return lambda: setattr(decoder, "head", head)
+
+
 def run_with_newcomer(
     engine: Engine, newcomer: list[int]
 ) -> tuple[list[Completion], Future[Completion]]:
@@ -134,9 +155,8 @@ def test_out_of_memory_in_a_decode_step_fails_the_row_admitted_last(engine: Engi
     # The LM head runs after every layer appended its new column: the retried step must
     # start from the cache as it was, or the two rows' tokens and log-probs would change.
     expected = alone(engine)
-    head = engine.model.get_output_embeddings()
     oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    undo = raising(head, lambda x: x.dim() == 2 and x.shape[0] == 3, oom)  # 3 rows decode
+    undo = raising_at_the_head(engine, lambda x: x.shape[0] == 3, oom)  # 3 rows decode
     try:
         completions, newcomer = run_with_newcomer(engine, [40, 41, 42])
         with pytest.raises(OutOfMemory, match="decode step of 3 rows ran out; it came last"):
@@ -149,9 +169,8 @@ def test_out_of_memory_in_a_decode_step_fails_the_row_admitted_last(engine: Engi
 
 
 def test_any_other_failure_in_a_step_fails_every_request_of_it(engine: Engine):
-    head = engine.model.get_output_embeddings()
     broken = ValueError("a broken kernel")
-    undo = raising(head, lambda x: x.dim() == 2 and x.shape[0] == 3, broken)
+    undo = raising_at_the_head(engine, lambda x: x.shape[0] == 3, broken)
     try:
         futures = [engine.submit(p, sampling(24, seed=i)) for i, p in enumerate(PROMPTS)]
         futures.append(engine.submit([40, 41, 42], sampling(24, seed=9)))

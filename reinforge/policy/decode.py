@@ -12,12 +12,13 @@ trainer's optimizer step included, are seen at once) and appends to the same KV 
 the engine uses it for every decode step and keeps transformers' forward for prefills.
 Models of any other shape, or wrapped (a LoRA model), keep transformers' forward.
 
-In bf16 on a CPU where torch hands bf16 matmuls to oneDNN, each matmul reads its weight
-from a copy in oneDNN's blocked layout: torch's bf16 linear lays the weight out so at
-every call, about half of a batch-1 matmul's time (`benchmarks/README.md`, "Weights laid
-out once"), for the same products (the same logits bit for bit where measured). A copy is
-laid out again when its weight changes, so the rule above holds; it costs a second copy
-of the linear weights.
+On a CPU where torch hands bf16 matmuls to oneDNN (x86 with AVX-512), each matmul reads
+its weight from a copy in oneDNN's blocked layout (`benchmarks/README.md`, "Weights laid
+out once"). In bf16 torch's own linear lays the weight out so at every call, about half
+of a batch-1 matmul's time, and the copy gives the same logits bit for bit where
+measured; in fp32 oneDNN's kernels on the copy beat MKL's from two rows up (a 32-row
+step 0.7x), rounding otherwise (logits within 1e-4). A copy is laid out again when its
+weight changes, so the rule above holds; it costs a second copy of the linear weights.
 """
 
 from __future__ import annotations
@@ -75,12 +76,13 @@ class _Matmul:
 
 
 def lays_out_weights(weight: torch.Tensor) -> bool:
-    """Whether the step multiplies by blocked copies of weights like `weight`: bf16 on a
-    CPU where torch hands bf16 matmuls to oneDNN (x86 with AVX-512 or AMX; AVX2-only
-    CPUs multiply bf16 another way, with no layout to save). Not for tensors made under
-    `torch.inference_mode`, which keep no version counter to tell a change by."""
+    """Whether the step multiplies by blocked copies of weights like `weight`: fp32 or bf16
+    on a CPU where torch hands bf16 matmuls to oneDNN (x86 with AVX-512 or AMX), the
+    CPUs where both were measured to gain (AVX2-only CPUs multiply bf16 another way, with
+    no layout to save). Not for tensors made under `torch.inference_mode`, which keep no
+    version counter to tell a change by."""
     return (
-        weight.dtype == torch.bfloat16
+        weight.dtype in (torch.float32, torch.bfloat16)
         and not weight.is_inference()
         and weight.device.type == "cpu"
         and torch.backends.mkldnn.is_available()
@@ -101,6 +103,9 @@ class _Layer:
     gate: _Matmul
     up: _Matmul
     down: _Matmul
+
+    def matmuls(self) -> tuple[_Matmul, ...]:
+        return self.q, self.k, self.v, self.o, self.gate, self.up, self.down
 
 
 class LlamaDecoder:
@@ -139,8 +144,18 @@ class LlamaDecoder:
         ]
         # The vocabulary projection is a fifth of the weights: blocked too, where the
         # others are, which skips the head module's hooks as the layers' matmuls do.
-        self.head = matmul(model.lm_head) if blocked else model.lm_head
+        self.head: Callable[[torch.Tensor], torch.Tensor] = (
+            matmul(model.lm_head) if blocked else model.lm_head
+        )
         self.rotary = _Rotary(model.model.rotary_emb)
+
+    def lay_out(self) -> None:
+        """Lay out again the copies whose weights changed, so that a weight sync pays for
+        it rather than the next decode step (which would otherwise, as a fallback)."""
+        head = [self.head] if isinstance(self.head, _Matmul) else []
+        for matmul in [m for layer in self.layers for m in layer.matmuls()] + head:
+            if matmul.blocked:
+                matmul._weight()
 
     def __call__(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Cache
