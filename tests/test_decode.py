@@ -10,16 +10,13 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from reinforge.policy.batch import Batch, layout
-from reinforge.policy.config import EngineConfig
 from reinforge.policy.decode import (
     LlamaDecoder,
     _Rotary,
     _rotate,
     decode_step,
-    lays_out_weights,
     llama_decoder,
 )
-from reinforge.policy.engine import Engine
 from reinforge.policy.kv_cache import ROOM, cache_keyword, roomy_cache
 from reinforge.policy.models import load_model
 
@@ -230,27 +227,6 @@ def test_laid_out_weights_follow_a_change_in_place() -> None:
     for old, expected, actual in zip(before, theirs, ours, strict=True):
         assert not torch.allclose(old.float(), expected.float(), atol=0.1)  # the change shows
         torch.testing.assert_close(actual.float(), expected.float(), rtol=0.05, atol=0.05)
-
-
-@pytest.mark.skipif(
-    not lays_out_weights(torch.ones(1)), reason="this CPU's steps use the weights as they are"
-)
-def test_an_engines_weight_update_lays_the_changed_weights_out() -> None:
-    """So that a sync pays for the layout, not the first decode step after it."""
-    model, tokenizer = load_model("tiny-random")
-    engine = Engine(model, tokenizer, "tiny-random", EngineConfig())
-    try:
-        decoder = engine._decode_step
-        assert isinstance(decoder, LlamaDecoder)
-        up = decoder.layers[0].up
-        unchanged = decoder.layers[0].down._copy
-        engine.update_weights({"model.layers.0.mlp.up_proj.weight": up.layer.weight + 1})
-        assert up._of == (up.layer.weight.data_ptr(), up.layer.weight._version)
-        assert decoder.layers[0].down._copy is unchanged
-        identity = torch.eye(up.layer.in_features)
-        torch.testing.assert_close(up(identity).t(), up.layer.weight)
-    finally:
-        engine.close()
 
 
 def test_other_models_keep_transformers_forward() -> None:

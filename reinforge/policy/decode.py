@@ -7,9 +7,10 @@ embedding, repeating key/value heads and reshaping for a sequence of one
 function with ~1,300 (~1,400 in bf16): rotary cos and sin come from a table by position,
 the mask is made additive once per step, the query heads of a key/value head attend as
 one group, temporaries are changed in place and the residuals are added inside the
-matmuls. It reads the model's own parameters (no copy, so in-place updates, the shared
-trainer's optimizer step included, are seen at once) and appends to the same KV cache;
-the engine uses it for every decode step and keeps transformers' forward for prefills.
+matmuls. It reads the model's own parameters, or copies made again whenever they change
+(below), so in-place updates, the shared trainer's optimizer step included, are seen at
+once, and it appends to the same KV cache. The engine uses it for every decode step and
+keeps transformers' forward for prefills.
 Models of any other shape, or wrapped (a LoRA model), keep transformers' forward.
 
 On a CPU where torch hands bf16 matmuls to oneDNN (x86 with AVX-512), each matmul reads
@@ -18,7 +19,10 @@ out once"). In bf16 torch's own linear lays the weight out so at every call, abo
 of a batch-1 matmul's time, and the copy gives the same logits bit for bit where
 measured; in fp32 oneDNN's kernels on the copy beat MKL's from two rows up (a 32-row
 step 0.7x), rounding otherwise (logits within 1e-4). A copy is laid out again when its
-weight changes, so the rule above holds; it costs a second copy of the linear weights.
+weight changes, by the first decode step after the change: laid out instead by the
+thread that synced, a served fp32 engine's peak memory after syncs rose by about the
+weights' size again (3.07 against 2.52 GiB). It costs a second copy of the linear
+weights.
 """
 
 from __future__ import annotations
@@ -50,13 +54,13 @@ class _Matmul:
         self._copy: torch.Tensor | None = None
         self._of: tuple[int, int] | None = None  # (data_ptr, version) the copy was made from
         if blocked:
-            self._weight()  # now, so the engine's memory budget sees the copy
+            self.laid_out()  # now, so the engine's memory budget sees the copy
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         """layer(h)."""
         if not self.blocked:
             return F.linear(h, self.layer.weight, self.layer.bias)
-        blocked, bias = self._weight(), self.layer.bias
+        blocked, bias = self.laid_out(), self.layer.bias
         return torch.ops.mkldnn._linear_pointwise(h, blocked, bias, "none", [], "")
 
     def add(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -64,9 +68,10 @@ class _Matmul:
         residual = x if self.layer.bias is None else x + self.layer.bias
         if not self.blocked:
             return torch.addmm(residual, h, self.layer.weight.t())
-        return torch.ops.mkldnn._linear_pointwise.binary(h, residual, self._weight(), None, "add")
+        return torch.ops.mkldnn._linear_pointwise.binary(h, residual, self.laid_out(), None, "add")
 
-    def _weight(self) -> torch.Tensor:
+    def laid_out(self) -> torch.Tensor:
+        """The blocked copy of the weight as it is now."""
         weight = self.layer.weight
         now = (weight.data_ptr(), weight._version)
         if self._copy is None or self._of != now:
@@ -103,9 +108,6 @@ class _Layer:
     gate: _Matmul
     up: _Matmul
     down: _Matmul
-
-    def matmuls(self) -> tuple[_Matmul, ...]:
-        return self.q, self.k, self.v, self.o, self.gate, self.up, self.down
 
 
 class LlamaDecoder:
@@ -148,14 +150,6 @@ class LlamaDecoder:
             matmul(model.lm_head) if blocked else model.lm_head
         )
         self.rotary = _Rotary(model.model.rotary_emb)
-
-    def lay_out(self) -> None:
-        """Lay out again the copies whose weights changed, so that a weight sync pays for
-        it rather than the next decode step (which would otherwise, as a fallback)."""
-        head = [self.head] if isinstance(self.head, _Matmul) else []
-        for matmul in [m for layer in self.layers for m in layer.matmuls()] + head:
-            if matmul.blocked:
-                matmul._weight()
 
     def __call__(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Cache

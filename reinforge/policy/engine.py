@@ -32,7 +32,7 @@ from transformers.cache_utils import Cache
 
 from reinforge.policy.batch import Batch, cache_with_prefixes, layout
 from reinforge.policy.config import EngineConfig
-from reinforge.policy.decode import LlamaDecoder, decode_step
+from reinforge.policy.decode import decode_step
 from reinforge.policy.engine_thread import (
     EngineThread,
     Request,
@@ -158,8 +158,6 @@ class Engine(EngineThread):
             with self._lock:
                 new_version = self.version + 1 if version is None else version
                 yield new_version
-                if isinstance(self._decode_step, LlamaDecoder):
-                    self._decode_step.lay_out()
                 self._prefixes.clear()
                 self._stale = True
                 self.version = new_version
