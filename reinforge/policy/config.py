@@ -118,7 +118,7 @@ class EngineConfig(Section):
     outgrows small learning-rate updates: on the main job it learned less
     (benchmarks/README.md). On an x86 CPU with AVX-512 the built-in engine holds its
     linear weights twice, once in oneDNN's blocked layout: a batch-1 token in about 0.7x
-    the time in bf16, a 32-row step in 0.7x in fp32."""
+    the time in bf16, a 32-row step in 0.7-0.8x in fp32."""
     max_batch: int = Field(64, ge=1)
     """Most sequences decoded together; more requests wait for a row to finish."""
     prefix_cache_mib: int = Field(1024, ge=0)

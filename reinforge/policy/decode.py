@@ -18,7 +18,7 @@ its weight from a copy in oneDNN's blocked layout (`benchmarks/README.md`, "Weig
 out once"). In bf16 torch's own linear lays the weight out so at every call, about half
 of a batch-1 matmul's time, and the copy gives the same logits bit for bit where
 measured; in fp32 oneDNN's kernels on the copy beat MKL's from two rows up (a 32-row
-step 0.7x), rounding otherwise (logits within 1e-4). A copy is laid out again when its
+step 0.7-0.8x), rounding otherwise (logits within 1e-4). A copy is laid out again when its
 weight changes, by the first decode step after the change: laid out instead by the
 thread that synced, a served fp32 engine's peak memory after syncs rose by about the
 weights' size again (3.07 against 2.52 GiB). It costs a second copy of the linear
