@@ -187,7 +187,8 @@ def test_weights_changed_in_place_are_used_at_once() -> None:
 
 
 onednn = pytest.mark.skipif(
-    not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN to lay out for"
+    not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+    reason="this CPU's oneDNN does not multiply bf16",
 )
 
 
@@ -227,6 +228,23 @@ def test_laid_out_weights_follow_a_change_in_place() -> None:
     for old, expected, actual in zip(before, theirs, ours, strict=True):
         assert not torch.allclose(old.float(), expected.float(), atol=0.1)  # the change shows
         torch.testing.assert_close(actual.float(), expected.float(), rtol=0.05, atol=0.05)
+
+
+@onednn
+def test_weights_replaced_through_data_are_laid_out_again() -> None:
+    """A round trip through bf16 replaces every `.data` twice (as `model.to` does): the
+    new tensors keep the version count, so only their storage tells."""
+    model = _llama()
+    decoder = LlamaDecoder(model, blocked=True)
+    _decode_both(model, [[3, 4, 5]], steps=1, decoder=decoder)
+    for dtype in (torch.bfloat16, torch.float32):  # every weight rounded to bf16
+        for parameter in model.parameters():
+            parameter.data = parameter.data.to(dtype)
+    _, ours, _ = _decode_both(model, [[3, 4, 5], [6]], steps=2, decoder=decoder)
+    fresh = LlamaDecoder(model, blocked=True)
+    _, expected, _ = _decode_both(model, [[3, 4, 5], [6]], steps=2, decoder=fresh)
+    for theirs, actual in zip(expected, ours, strict=True):
+        assert torch.equal(actual, theirs)
 
 
 def test_other_models_keep_transformers_forward() -> None:

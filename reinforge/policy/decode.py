@@ -7,13 +7,13 @@ embedding, repeating key/value heads and reshaping for a sequence of one
 function with ~1,300 (~1,400 in bf16): rotary cos and sin come from a table by position,
 the mask is made additive once per step, the query heads of a key/value head attend as
 one group, temporaries are changed in place and the residuals are added inside the
-matmuls. It reads the model's own parameters, or copies made again whenever they change
-(below), so in-place updates, the shared trainer's optimizer step included, are seen at
-once, and it appends to the same KV cache. The engine uses it for every decode step and
+matmuls. It reads the model's own parameters, or copies made again when they change
+(below), so in-place updates, the shared trainer's optimizer step included, are seen by
+the next step, and it appends to the same KV cache. The engine uses it for every decode step and
 keeps transformers' forward for prefills.
 Models of any other shape, or wrapped (a LoRA model), keep transformers' forward.
 
-On a CPU where torch hands bf16 matmuls to oneDNN (x86 with AVX-512), each matmul reads
+On an x86 CPU with AVX-512, where torch hands bf16 matmuls to oneDNN, each matmul reads
 its weight from a copy in oneDNN's blocked layout (`benchmarks/README.md`, "Weights laid
 out once"). In bf16 torch's own linear lays the weight out so at every call, about half
 of a batch-1 matmul's time, and the copy gives the same logits bit for bit where
@@ -46,13 +46,18 @@ one token per running row, as `LlamaDecoder.__call__` describes."""
 class _Matmul:
     """One linear layer as the step multiplies by it: its own weight, or the weight's
     blocked copy (the module docstring), laid out again whenever the weight's version
-    counter or storage moves (a weight sync's copy, an optimizer step)."""
+    counter or storage moves (a weight sync's copy, an optimizer step, `.data` replaced).
+    A write that bumps neither goes unseen: one through `.data`, or a fused optimizer's
+    step (torch's `fused=True` AdamW on CPU), which the trainer does not use."""
 
     def __init__(self, layer: nn.Linear, blocked: bool) -> None:
         self.layer = layer
         self.blocked = blocked
         self._copy: torch.Tensor | None = None
         self._of: tuple[int, int] | None = None  # (data_ptr, version) the copy was made from
+        # The weight the copy was made from, held so that no later tensor takes its address
+        # (a `.data` replaced keeps the version count: only the address would tell).
+        self._source: torch.Tensor | None = None
         if blocked:
             self.laid_out()  # now, so the engine's memory budget sees the copy
 
@@ -75,23 +80,27 @@ class _Matmul:
         weight = self.layer.weight
         now = (weight.data_ptr(), weight._version)
         if self._copy is None or self._of != now:
-            self._copy = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+            self._source = weight.detach()
+            self._copy = torch.ops.mkldnn._reorder_linear_weight(self._source, None)
             self._of = now
         return self._copy
 
 
-def lays_out_weights(weight: torch.Tensor) -> bool:
-    """Whether the step multiplies by blocked copies of weights like `weight`: fp32 or bf16
-    on a CPU where torch hands bf16 matmuls to oneDNN (x86 with AVX-512 or AMX), the
-    CPUs where both were measured to gain (AVX2-only CPUs multiply bf16 another way, with
-    no layout to save). Not for tensors made under `torch.inference_mode`, which keep no
-    version counter to tell a change by."""
+def lays_out_weights(weights: list[torch.Tensor]) -> bool:
+    """Whether the step multiplies by blocked copies of `weights`: fp32 or bf16 on an x86
+    CPU with AVX-512, where torch hands bf16 matmuls to oneDNN and both dtypes were
+    measured to gain (elsewhere, AVX2 x86 or ARM, nothing was measured). Not for tensors
+    made under `torch.inference_mode`, which keep no version counter to tell a change by."""
     return (
-        weight.dtype in (torch.float32, torch.bfloat16)
-        and not weight.is_inference()
-        and weight.device.type == "cpu"
-        and torch.backends.mkldnn.is_available()
+        torch.backends.mkldnn.is_available()
+        and torch.backends.cpu.get_cpu_capability() == "AVX512"
         and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        and all(
+            weight.dtype in (torch.float32, torch.bfloat16)
+            and weight.device.type == "cpu"
+            and not weight.is_inference()
+            for weight in weights
+        )
     )
 
 
@@ -125,7 +134,8 @@ class LlamaDecoder:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
         if blocked is None:
-            blocked = lays_out_weights(model.lm_head.weight)
+            linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+            blocked = lays_out_weights([linear.weight for linear in linears])
 
         def matmul(layer: nn.Linear) -> _Matmul:
             return _Matmul(layer, blocked)
