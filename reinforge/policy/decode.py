@@ -9,17 +9,17 @@ the mask is made additive once per step, the query heads of a key/value head att
 one group, temporaries are changed in place and the residuals are added inside the
 matmuls. It reads the model's own parameters, or copies made again when they change
 (below), so in-place updates, the shared trainer's optimizer step included, are seen by
-the next step, and it appends to the same KV cache. The engine uses it for every decode step and
-keeps transformers' forward for prefills.
-Models of any other shape, or wrapped (a LoRA model), keep transformers' forward.
+the next step, and it appends to the same KV cache. The engine uses it for every decode
+step and keeps transformers' forward for prefills. Models of any other shape, or wrapped
+(a LoRA model), keep transformers' forward.
 
 On an x86 CPU with AVX-512, where torch hands bf16 matmuls to oneDNN, each matmul reads
 its weight from a copy in oneDNN's blocked layout (`benchmarks/README.md`, "Weights laid
 out once"). In bf16 torch's own linear lays the weight out so at every call, about half
 of a batch-1 matmul's time, and the copy gives the same logits bit for bit where
 measured; in fp32 oneDNN's kernels on the copy beat MKL's from two rows up (a 32-row
-step 0.7-0.8x), rounding otherwise (logits within 1e-4). A copy is laid out again when its
-weight changes, by the first decode step after the change: laid out instead by the
+step 0.7-0.8x), rounding otherwise (logits within 1e-4). A copy is laid out again when
+its weight changes, by the first decode step after the change: laid out instead by the
 thread that synced, a served fp32 engine's peak memory after syncs rose by about the
 weights' size again (3.07 against 2.52 GiB). It costs a second copy of the linear
 weights.
