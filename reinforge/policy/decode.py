@@ -54,10 +54,11 @@ class _Matmul:
         self.layer = layer
         self.blocked = blocked
         self._copy: torch.Tensor | None = None
-        self._of: tuple[int, int] | None = None  # (data_ptr, version) the copy was made from
         # The weight the copy was made from, held so that no later tensor takes its address
-        # (a `.data` replaced keeps the version count: only the address would tell).
+        # (a `.data` replaced keeps the version count: only the address would tell), and
+        # its version then (`_source` shares the live counter).
         self._source: torch.Tensor | None = None
+        self._version = 0
         if blocked:
             self.laid_out()  # now, so the engine's memory budget sees the copy
 
@@ -77,12 +78,16 @@ class _Matmul:
 
     def laid_out(self) -> torch.Tensor:
         """The blocked copy of the weight as it is now."""
-        weight = self.layer.weight
-        now = (weight.data_ptr(), weight._version)
-        if self._copy is None or self._of != now:
-            self._source = weight.detach()
-            self._copy = torch.ops.mkldnn._reorder_linear_weight(self._source, None)
-            self._of = now
+        weight, source = self.layer.weight, self._source
+        if (
+            self._copy is not None
+            and source is not None
+            and weight.data_ptr() == source.data_ptr()
+            and weight._version == self._version
+        ):
+            return self._copy
+        self._source, self._version = weight.detach(), weight._version
+        self._copy = torch.ops.mkldnn._reorder_linear_weight(self._source, None)
         return self._copy
 
 
