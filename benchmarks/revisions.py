@@ -7,9 +7,13 @@ machine noise hits both alike. Two workloads, each the revision's own command li
 - `eval`: `reinforge eval arithmetic --model smollm2-135m --tasks 32 --max-tokens 48`
   (the engine, server and rollout path); figure: sampled tokens/s from summary.json;
 - `train`: the main job, `reinforge train examples/arithmetic.toml run.steps=3`;
-  figure: median step seconds from metrics.jsonl (rollout + train + sync).
+  figure: median step seconds from metrics.jsonl (rollout + train + sync);
+- `batches`: the trainer alone on a run's recorded batches, with `--batches RUN CONFIG
+  [OVERRIDE ...]` (`benchmarks/trainer_batches.py`, this checkout's copy, run on each
+  revision's code); figure: seconds for the batches.
 
-    python benchmarks/revisions.py BASE [HEAD] [--rounds 3] [--json out.json]
+    python benchmarks/revisions.py BASE [HEAD] [--rounds 3] [--workloads eval train]
+        [--batches RUN CONFIG ...] [--json out.json]
 
 HEAD defaults to the working tree as committed (`HEAD`).
 """
@@ -23,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,7 +64,18 @@ def train_step_s(tree: Path, scratch: Path) -> float:
     return statistics.median(json.loads(row)["time"]["total_s"] for row in rows)
 
 
-WORKLOADS = {"eval tok/s": eval_tokens_per_s, "train step s": train_step_s}
+def batches_s(tree: Path, scratch: Path, batches: list[str]) -> float:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    script = REPO / "benchmarks" / "trainer_batches.py"
+    done = subprocess.run(
+        [sys.executable, str(script), *batches], cwd=tree, env=env, capture_output=True
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{tree}: {script.name} failed:\n{done.stderr.decode()}")
+    return json.loads(done.stdout.decode().splitlines()[-1])["seconds"]
+
+
+WORKLOADS = {"eval": ("eval tok/s", eval_tokens_per_s), "train": ("train step s", train_step_s)}
 
 
 def main() -> None:
@@ -67,15 +83,26 @@ def main() -> None:
     parser.add_argument("base")
     parser.add_argument("head", nargs="?", default="HEAD")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workloads", nargs="+", default=["eval", "train"],
+                        choices=[*WORKLOADS, "batches"])  # fmt: skip
+    parser.add_argument("--batches", nargs="+", metavar="ARG",
+                        help="RUN CONFIG [OVERRIDE ...] for the `batches` workload")  # fmt: skip
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if "batches" in args.workloads and not args.batches:
+        parser.error("the batches workload needs --batches RUN CONFIG [OVERRIDE ...]")
+    workloads = {
+        label: workload for name, (label, workload) in WORKLOADS.items() if name in args.workloads
+    }
+    if "batches" in args.workloads:
+        workloads["trainer batches s"] = partial(batches_s, batches=args.batches)
     results: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory() as temp:
         trees = {rev: checkout(rev, Path(temp) / f"tree{i}")
                  for i, rev in enumerate((args.base, args.head))}  # fmt: skip
         try:
             for round_ in range(args.rounds):
-                for name, workload in WORKLOADS.items():
+                for name, workload in workloads.items():
                     order = list(trees) if round_ % 2 == 0 else list(reversed(trees))
                     for rev in order:
                         with tempfile.TemporaryDirectory() as scratch:

@@ -36,7 +36,15 @@ class LoRAConfig(Section):
     alpha: float = Field(32.0, gt=0.0)
     """The update is scaled by alpha / rank."""
     target_modules: str | list[str] = "all-linear"
-    """PEFT's module selection: "all-linear" (every linear layer but the LM head) or names."""
+    """PEFT's module selection: "all-linear" (every linear layer but the LM head) or names,
+    `lm_head` not among them (the trainer applies the head as a plain linear layer)."""
+
+    @field_validator("target_modules")
+    @classmethod
+    def _not_the_head(cls, names: str | list[str]) -> str | list[str]:
+        if isinstance(names, list) and "lm_head" in names:
+            raise ValueError("the LM head cannot take an adapter: leave lm_head out")
+        return names
 
 
 class TrainerConfig(Section):

@@ -12,9 +12,11 @@ one row, and the rest of every row attends to its keys and values.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
 from reinforge.train.batching import TrainBatch
@@ -39,8 +41,8 @@ def selective_logprobs(
 
     Equal (to float rounding) to `log_softmax(model(input_ids).logits)` gathered at the
     targets, and differentiable; 0 elsewhere, with no gradient path from there. The head
-    runs on `chunk_size` positions at a time, in float32 for the softmax, and each chunk is
-    recomputed in backward rather than kept (activation checkpointing), so the head's
+    runs on `chunk_size` positions at a time, in float32 for the softmax, and each chunk's
+    logits are recomputed in backward rather than kept (`_HeadLogprobs`), so the head's
     memory is one chunk's logits however many tokens are trained: that costs one more head
     matmul per chunk in backward. The decoder's own activations are the caller's to
     checkpoint (`model.gradient_checkpointing_enable()`). Pinned by
@@ -67,7 +69,7 @@ def selective_logprobs(
     entropies: list[Tensor] = []
     # split gives one empty chunk when N = 0, so the result stays in the graph.
     for h, t in zip(selected.split(chunk_size), wanted.split(chunk_size), strict=True):
-        logp, entropy = checkpoint(_head_chunk, head, h, t, with_entropy, use_reentrant=False)
+        logp, entropy = _HeadLogprobs.apply(h, head.weight, head.bias, t, with_entropy)
         logps.append(logp)  # (n,)
         if entropy is not None:
             entropies.append(entropy)  # (n,)
@@ -135,18 +137,73 @@ class SelectiveLogprobs(nn.Module):
         )
 
 
-def _head_chunk(
-    head: nn.Module, hidden: Tensor, targets: Tensor, with_entropy: bool
-) -> tuple[Tensor, Tensor | None]:
-    """hidden: (n, H), targets: (n,). Returns log-probs (n,) and entropies (n,) or None.
+class _HeadLogprobs(torch.autograd.Function):
+    """The head's log-probs of the targets (n,) and entropies (n,) or None, from hidden
+    states (n, H); backward recomputes the logits from the hidden states.
 
-    The head runs in float32 even under bf16 autocast: bf16 logits of magnitude ~20 are off
+    Autograd through the head would keep the (n, V) logits and log-softmax for backward,
+    and activation checkpointing would redo the whole forward, entropy included, before
+    its own backward. Here the forward keeps only each position's log-normaliser, and
+    backward needs one head matmul and two passes over the recomputed logits:
+    d logp_t / dz = onehot(t) - p and dH / dz = -p (log p + H), by position.
+
+    The logits are float32 even under bf16 autocast: bf16 logits of magnitude ~20 are off
     by ~0.1, which would show up as importance ratios of e^0.1 against the sampler's.
     """
-    with torch.autocast(hidden.device.type, enabled=False):
-        logits = head(hidden)  # (n, V)
-    entropy = token_entropy(logits) if with_entropy else None  # (n,)
-    return token_logprobs(logits, targets), entropy
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        targets: Tensor,
+        with_entropy: bool,
+    ) -> tuple[Tensor, Tensor | None]:
+        with torch.autocast(hidden.device.type, enabled=False):
+            logits = F.linear(hidden, weight, bias).float()  # (n, V)
+        logp = token_logprobs(logits, targets)  # (n,)
+        entropy = token_entropy(logits) if with_entropy else None  # (n,)
+        normaliser = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logp  # (n,)
+        ctx.save_for_backward(hidden, weight, bias, targets, normaliser, entropy)
+        ctx.set_materialize_grads(False)
+        return logp, entropy
+
+    @staticmethod
+    def backward(
+        ctx: Any, grad_logp: Tensor | None, grad_entropy: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        hidden, weight, bias, targets, normaliser, entropy = ctx.saved_tensors
+        with torch.autocast(hidden.device.type, enabled=False):
+            logp = F.linear(hidden, weight, bias).float()  # (n, V), logits for now
+        logp -= normaliser.unsqueeze(-1)  # (n, V)
+        grad = logp.exp()  # (n, V): p, then the gradient of the logits
+        if grad_entropy is None:
+            grad *= -_or_zeros(grad_logp, targets).unsqueeze(-1)
+        else:
+            logp += entropy.unsqueeze(-1)
+            logp *= grad
+            logp *= grad_entropy.unsqueeze(-1)  # (n, V): -dH/dz times dL/dH
+            grad *= _or_zeros(grad_logp, targets).unsqueeze(-1)
+            grad += logp
+            grad.neg_()
+        del logp
+        if grad_logp is not None:
+            grad.scatter_add_(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1))
+        grad = grad.to(hidden.dtype)
+        needs = ctx.needs_input_grad
+        return (
+            grad @ weight if needs[0] else None,  # (n, H)
+            grad.t() @ hidden if needs[1] else None,  # (V, H)
+            grad.sum(dim=0) if bias is not None and needs[2] else None,  # (V,)
+            None,
+            None,
+        )
+
+
+def _or_zeros(grad: Tensor | None, like: Tensor) -> Tensor:
+    """A position's gradient, or zeros where autograd passed none (the output unused)."""
+    return torch.zeros(like.shape, device=like.device) if grad is None else grad
 
 
 def _scatter(positions: Tensor, values: Tensor) -> Tensor:
@@ -156,7 +213,13 @@ def _scatter(positions: Tensor, values: Tensor) -> Tensor:
 
 
 def _check_plain_head(model: PreTrainedModel) -> None:
-    """Refuse models whose logits are more than the head's output."""
+    """Refuse models whose logits are more than a linear head's output."""
+    head = model.get_output_embeddings()
+    if type(head) is not nn.Linear:
+        raise ValueError(
+            f"{type(model).__name__}'s output head is a {type(head).__name__}: "
+            "selective_logprobs applies the head as a plain linear layer"
+        )
     config = model.config.get_text_config()
     for name in _LOGIT_TRANSFORMS:
         if getattr(config, name, None) not in (None, 1.0):

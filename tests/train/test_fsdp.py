@@ -153,12 +153,19 @@ def _mixed_on_rank(
     reference = load_model("tiny-random")[0].requires_grad_(False)
     trainer = ShardedTrainer(model, config, OPTIM, total_steps=STEPS, reference=reference)
     seen: dict[str, torch.dtype] = {}
-    for name in ("model.layers.0.mlp.up_proj", "lm_head"):
 
-        def note(unit: torch.nn.Module, _: object, name: str = name) -> None:
-            seen[name] = unit.weight.dtype
+    def note_layer(unit: torch.nn.Module, _: object) -> None:
+        seen["model.layers.0.mlp.up_proj"] = unit.weight.dtype
 
-        trainer.model.get_submodule(name).register_forward_pre_hook(note)
+    def note_head(unit: torch.nn.Module, _: object) -> None:
+        # The head is applied through its weight, inside the root unit's forward, which
+        # has gathered it by the time this hook runs (it was registered after FSDP's).
+        weight = unit.model.get_output_embeddings().weight
+        assert not isinstance(weight, DTensor), "the root unit's weights are not gathered"
+        seen["lm_head"] = weight.dtype
+
+    trainer.model.get_submodule("model.layers.0.mlp.up_proj").register_forward_pre_hook(note_layer)
+    trainer._logprobs.register_forward_pre_hook(note_head)
     metrics = [trainer.step(batch).model_dump() for _ in range(STEPS)]
     trainer.save_model(folder)
     return metrics, seen

@@ -194,6 +194,17 @@ def test_models_that_transform_their_logits_are_refused():
         )
 
 
+def test_a_head_that_is_not_a_plain_linear_layer_is_refused():
+    # Its weight alone would not give its output: the log-probs would be another model's.
+    batch = ragged_batch()
+    wrapped = tiny_llama()
+    wrapped.lm_head = torch.nn.Sequential(wrapped.lm_head)
+    with pytest.raises(ValueError, match="output head is a Sequential"):
+        selective_logprobs(
+            wrapped, batch.input_ids, batch.attention_mask, batch.target_mask, batch.targets
+        )
+
+
 def prompted_batch() -> TrainBatch:
     """Three rollouts of one 9-token prompt, ragged (lengths 15, 15 and 10): one samples
     its first token right after the prompt, one after two tool tokens, one stops early."""

@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from reinforge.config import Config, load_config
 from reinforge.envs.registry import load_environment
+from reinforge.errors import ConfigError
 from reinforge.orchestrate.weight_sync import SharedWeights
 from reinforge.policy.client import PolicyClient
 from reinforge.policy.config import EngineConfig, SamplingConfig
@@ -60,6 +61,15 @@ def test_lora_trains_the_adapters_and_leaves_the_base_frozen(batch):
     trainer.step(batch)  # lora_B starts at 0, so lora_A has no gradient until B moves
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert changed == trainable
+
+
+def test_an_adapter_on_the_head_is_refused_in_one_line():
+    # The trainer applies the head through its weight (`logprobs._HeadLogprobs`), so an
+    # adapter there would be skipped without a word; the config refuses it instead.
+    with pytest.raises(ConfigError, match="the LM head cannot take an adapter"):
+        load_config(Config, None, ['trainer.lora.target_modules=["q_proj", "lm_head"]'])
+    config = load_config(Config, None, ['trainer.lora.target_modules=["q_proj"]'])
+    assert config.trainer.lora.target_modules == ["q_proj"]
 
 
 def test_lora_weights_for_a_sampler_are_merged_and_the_adapter_restored(batch):

@@ -1,0 +1,57 @@
+"""The trainer's step on the batches a run really trained, in seconds: what a change to
+the trainer moves on a job's own rollouts (lengths, shared prompts, trained tokens).
+
+The batches are each recorded step's rollouts, selected as the trainer selects them under
+the config given (`shared_prefix.batches`); the model is the config's. One untimed step
+on the first batch warms the kernels up, then every batch is stepped in turn:
+
+    python benchmarks/trainer_batches.py runs/coding-kl15-s0 examples/coding.toml \\
+        model.name=runs/coding-sft --steps 3
+
+Two revisions side by side: `benchmarks/revisions.py BASE --workloads batches --batches
+RUN CONFIG [OVERRIDE ...]`, which runs this script under each revision's code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from shared_prefix import batches
+
+from reinforge.config import Config, load_config
+from reinforge.policy.models import load_model
+from reinforge.train.trainable import load_trainable
+from reinforge.train.trainer import Trainer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", type=Path, help="a training run's directory")
+    parser.add_argument("config", type=Path, help="the config the run used")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, as for `train`")
+    parser.add_argument("--steps", type=int, default=3, help="recorded steps that train")
+    args = parser.parse_args()
+
+    config = load_config(Config, args.config, args.overrides)
+    steps = batches(args.run, config)[: args.steps]
+    torch.manual_seed(0)
+    model, _ = load_trainable(config.model.name, config.trainer)
+    reference = None
+    if config.trainer.algorithm.loss.needs_reference:
+        reference = load_model(config.model.name)[0].requires_grad_(False)
+    trainer = Trainer(model, config.trainer, config.optim, 1000, reference=reference)
+    trainer.step(steps[0])  # warm-up, untimed
+    started = time.perf_counter()
+    for batch in steps:
+        trainer.step(batch)
+    seconds = time.perf_counter() - started
+    trained = [int(batch.target_mask.sum()) for batch in steps]
+    print(json.dumps({"seconds": seconds, "trained_tokens": trained}))
+
+
+if __name__ == "__main__":
+    main()
