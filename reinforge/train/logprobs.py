@@ -144,8 +144,8 @@ class _HeadLogprobs(torch.autograd.Function):
     Autograd through the head would keep the (n, V) logits and log-softmax for backward,
     and activation checkpointing would redo the whole forward, entropy included, before
     its own backward. Here the forward keeps only each position's log-normaliser, and
-    backward needs one head matmul and two passes over the recomputed logits:
-    d logp_t / dz = onehot(t) - p and dH / dz = -p (log p + H), by position.
+    backward recomputes the logits with one head matmul and turns them into their
+    gradient in place: d logp_t / dz = onehot(t) - p and dH / dz = -p (log p + H).
 
     The logits are float32 even under bf16 autocast: bf16 logits of magnitude ~20 are off
     by ~0.1, which would show up as importance ratios of e^0.1 against the sampler's.
