@@ -6,7 +6,7 @@ the config given (`shared_prefix.batches`); the model is the config's. One untim
 on the first batch warms the kernels up, then every batch is stepped in turn:
 
     python benchmarks/trainer_batches.py runs/coding-kl15-s0 examples/coding.toml \\
-        model.name=runs/coding-sft --steps 3
+        model.name=runs/coding-sft --steps 3 [--profile]
 
 Two revisions side by side: `benchmarks/revisions.py BASE --workloads batches --batches
 RUN CONFIG [OVERRIDE ...]`, which runs this script under each revision's code.
@@ -17,10 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 from shared_prefix import batches
+from torch.profiler import ProfilerActivity, profile
 
 from reinforge.config import Config, load_config
 from reinforge.policy.models import load_model
@@ -34,6 +36,7 @@ def main() -> None:
     parser.add_argument("config", type=Path, help="the config the run used")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, as for `train`")
     parser.add_argument("--steps", type=int, default=3, help="recorded steps that train")
+    parser.add_argument("--profile", action="store_true", help="print torch's op profile")
     args = parser.parse_args()
 
     config = load_config(Config, args.config, args.overrides)
@@ -45,10 +48,14 @@ def main() -> None:
         reference = load_model(config.model.name)[0].requires_grad_(False)
     trainer = Trainer(model, config.trainer, config.optim, 1000, reference=reference)
     trainer.step(steps[0])  # warm-up, untimed
-    started = time.perf_counter()
-    for batch in steps:
-        trainer.step(batch)
-    seconds = time.perf_counter() - started
+    profiler = profile(activities=[ProfilerActivity.CPU]) if args.profile else nullcontext()
+    with profiler as ops:
+        started = time.perf_counter()
+        for batch in steps:
+            trainer.step(batch)
+        seconds = time.perf_counter() - started
+    if ops is not None:
+        print(ops.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
     trained = [int(batch.target_mask.sum()) for batch in steps]
     print(json.dumps({"seconds": seconds, "trained_tokens": trained}))
 
