@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel
 
 from reinforge.config import Config, load_config
 from reinforge.policy.models import load_model
@@ -60,22 +61,34 @@ def batches(run: Path, config: Config) -> list[TrainBatch]:
     return found
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def run_parser(description: str) -> argparse.ArgumentParser:
+    """A parser for a recorded run, the config it used and overrides to that config."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("run", type=Path, help="a training run's directory")
     parser.add_argument("config", type=Path, help="the config the run used")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, as for `train`")
+    return parser
+
+
+def model_and_reference(config: Config) -> tuple[PreTrainedModel, PreTrainedModel | None]:
+    """The config's model to train, seeded, and its frozen KL reference (or None)."""
+    torch.manual_seed(0)
+    model, _ = load_trainable(config.model.name, config.trainer)
+    reference = None
+    if config.trainer.algorithm.loss.needs_reference:
+        reference = load_model(config.model.name)[0].requires_grad_(False)
+    return model, reference
+
+
+def main() -> None:
+    parser = run_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds over every batch")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
 
     config = load_config(Config, args.config, args.overrides)
     steps = batches(args.run, config)
-    torch.manual_seed(0)
-    model, _ = load_trainable(config.model.name, config.trainer)
-    reference = None
-    if config.trainer.algorithm.loss.needs_reference:
-        reference = load_model(config.model.name)[0].requires_grad_(False)
+    model, reference = model_and_reference(config)
     trainers = {}
     for way in WAYS:
         trainer_config = config.trainer.model_copy(

@@ -14,38 +14,26 @@ RUN CONFIG [OVERRIDE ...]`, which runs this script under each revision's code.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from contextlib import nullcontext
-from pathlib import Path
 
-import torch
-from shared_prefix import batches
+from shared_prefix import batches, model_and_reference, run_parser
 from torch.profiler import ProfilerActivity, profile
 
 from reinforge.config import Config, load_config
-from reinforge.policy.models import load_model
-from reinforge.train.trainable import load_trainable
 from reinforge.train.trainer import Trainer
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", type=Path, help="a training run's directory")
-    parser.add_argument("config", type=Path, help="the config the run used")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, as for `train`")
+    parser = run_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=3, help="recorded steps that train")
     parser.add_argument("--profile", action="store_true", help="print torch's op profile")
     args = parser.parse_args()
 
     config = load_config(Config, args.config, args.overrides)
     steps = batches(args.run, config)[: args.steps]
-    torch.manual_seed(0)
-    model, _ = load_trainable(config.model.name, config.trainer)
-    reference = None
-    if config.trainer.algorithm.loss.needs_reference:
-        reference = load_model(config.model.name)[0].requires_grad_(False)
+    model, reference = model_and_reference(config)
     trainer = Trainer(model, config.trainer, config.optim, 1000, reference=reference)
     trainer.step(steps[0])  # warm-up, untimed
     profiler = profile(activities=[ProfilerActivity.CPU]) if args.profile else nullcontext()
