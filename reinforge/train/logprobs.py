@@ -174,22 +174,22 @@ class _HeadLogprobs(torch.autograd.Function):
         ctx: Any, grad_logp: Tensor | None, grad_entropy: Tensor | None
     ) -> tuple[Tensor | None, ...]:
         hidden, weight, bias, targets, normaliser, entropy = ctx.saved_tensors
+        if grad_logp is None:  # only the entropy is used
+            grad_logp = torch.zeros_like(normaliser)
         with torch.autocast(hidden.device.type, enabled=False):
             logp = F.linear(hidden, weight, bias).float()  # (n, V), logits for now
         logp -= normaliser.unsqueeze(-1)  # (n, V)
         grad = logp.exp()  # (n, V): p, then the gradient of the logits
-        if grad_entropy is None:
-            grad *= -_or_zeros(grad_logp, targets).unsqueeze(-1)
-        else:
+        if grad_entropy is not None:
             logp += entropy.unsqueeze(-1)
-            logp *= grad
-            logp *= grad_entropy.unsqueeze(-1)  # (n, V): -dH/dz times dL/dH
-            grad *= _or_zeros(grad_logp, targets).unsqueeze(-1)
-            grad += logp
-            grad.neg_()
+            logp *= grad_entropy.unsqueeze(-1)  # (n, V): dL/dH (log p + H)
+            logp += grad_logp.unsqueeze(-1)
+            grad *= logp  # p (dL/dlogp + dL/dH (log p + H))
+        else:
+            grad *= grad_logp.unsqueeze(-1)
         del logp
-        if grad_logp is not None:
-            grad.scatter_add_(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1))
+        grad.neg_()
+        grad.scatter_add_(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1))
         grad = grad.to(hidden.dtype)
         needs = ctx.needs_input_grad
         return (
@@ -199,11 +199,6 @@ class _HeadLogprobs(torch.autograd.Function):
             None,
             None,
         )
-
-
-def _or_zeros(grad: Tensor | None, like: Tensor) -> Tensor:
-    """A position's gradient, or zeros where autograd passed none (the output unused)."""
-    return torch.zeros(like.shape, device=like.device) if grad is None else grad
 
 
 def _scatter(positions: Tensor, values: Tensor) -> Tensor:

@@ -95,7 +95,7 @@ class ShardedTrainer(Trainer):
             raise ValueError(f"{type(model).__name__}: no decoder `layers` to shard by")
         for layer in layers:
             fully_shard(layer, mesh=self._mesh, mp_policy=self._precision)
-        # The root unit stays float32: the head's logits must (`logprobs._head_chunk`).
+        # The root unit stays float32: the head's logits must (`logprobs._HeadLogprobs`).
         fully_shard(module, mesh=self._mesh)
         for unit in module.modules():
             if isinstance(unit, FSDPModule):
