@@ -41,38 +41,32 @@ def checkout(revision: str, into: Path) -> Path:
     return into
 
 
-def run(tree: Path, args: list[str]) -> None:
+def run(tree: Path, args: list[str]) -> str:
+    """`python ARGS` on the revision's code in `tree`; its stdout."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    done = subprocess.run(
-        [sys.executable, "-m", "reinforge", *args], cwd=tree, env=env, capture_output=True
-    )
+    done = subprocess.run([sys.executable, *args], cwd=tree, env=env, capture_output=True)
     if done.returncode != 0:
-        raise SystemExit(f"{tree}: reinforge {' '.join(args)} failed:\n{done.stderr.decode()}")
+        raise SystemExit(f"{tree}: python {' '.join(args)} failed:\n{done.stderr.decode()}")
+    return done.stdout.decode()
 
 
 def eval_tokens_per_s(tree: Path, scratch: Path) -> float:
     out = scratch / "eval"
-    run(tree, ["eval", "arithmetic", "--model", "smollm2-135m", "--tasks", "32",
+    run(tree, ["-m", "reinforge", "eval", "arithmetic", "--model", "smollm2-135m", "--tasks", "32",
                "--max-tokens", "48", "--out", str(out)])  # fmt: skip
     return json.loads((out / "summary.json").read_text())["sampled_tokens_per_s"]
 
 
 def train_step_s(tree: Path, scratch: Path) -> float:
-    run(tree, ["train", "examples/arithmetic.toml", "run.steps=3", f"run.dir={scratch}",
-               "run.name=r"])  # fmt: skip
+    run(tree, ["-m", "reinforge", "train", "examples/arithmetic.toml", "run.steps=3",
+               f"run.dir={scratch}", "run.name=r"])  # fmt: skip
     rows = (scratch / "r" / "metrics.jsonl").read_text().splitlines()
     return statistics.median(json.loads(row)["time"]["total_s"] for row in rows)
 
 
 def batches_s(tree: Path, scratch: Path, batches: list[str]) -> float:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    script = REPO / "benchmarks" / "trainer_batches.py"
-    done = subprocess.run(
-        [sys.executable, str(script), *batches], cwd=tree, env=env, capture_output=True
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"{tree}: {script.name} failed:\n{done.stderr.decode()}")
-    return json.loads(done.stdout.decode().splitlines()[-1])["seconds"]
+    out = run(tree, [str(REPO / "benchmarks" / "trainer_batches.py"), *batches])
+    return json.loads(out.splitlines()[-1])["seconds"]
 
 
 WORKLOADS = {"eval": ("eval tok/s", eval_tokens_per_s), "train": ("train step s", train_step_s)}
