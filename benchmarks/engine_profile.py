@@ -58,7 +58,7 @@ Steps are timed on the wall clock, or with `--clock cpu` on the thread's CPU tim
 (`time.thread_time`, for `--threads 1`): other processes on a shared machine stretch the
 wall clock of a step far more than its CPU time.
 
-    python benchmarks/engine_profile.py [--tokens 48] [--rounds 3] [--json out.json]
+    python benchmarks/engine_profile.py [--prompt 45] [--tokens 48] [--rounds 3] [--json out.json]
         [--baseline ../before] [--clock cpu]
 """
 
@@ -92,8 +92,6 @@ from reinforge.policy.models import load_model
 from reinforge.policy.sampling import RowSampler, SamplingParams, sample
 from reinforge.policy.specs import DEFAULT_MODEL
 
-PROMPT = 45
-"""Prompt tokens prefilled before the timed steps (the arithmetic prompts' length)."""
 MATMUL_OPS = {
     "aten::mm", "aten::addmm", "aten::bmm", "aten::_mkldnn_linear", "aten::mkldnn_mm",
     "mkldnn::_linear_pointwise",
@@ -582,19 +580,19 @@ def sampling_ms(vocab: int, repeats: int = 50) -> float:
     return statistics.median(times) * 1000
 
 
-def compile_child(dtype: str, mode: str, tokens: int) -> None:
+def compile_child(dtype: str, mode: str, prompt: int, tokens: int) -> None:
     """In a fresh process: build and compile the static step; print its compile seconds."""
     model, _ = load_model(DEFAULT_MODEL, dtype)
-    hand = HandLlama(model, fused=True, max_len=PROMPT + tokens + 1)
+    hand = HandLlama(model, fused=True, max_len=prompt + tokens + 1)
     _, seconds = compile_step(hand, mode)
     print(json.dumps({"compile_s": seconds}))
 
 
-def warm_compile_s(dtype: str, mode: str, tokens: int, threads: int) -> float | None:
+def warm_compile_s(dtype: str, mode: str, prompt: int, tokens: int, threads: int) -> float | None:
     """Compile seconds in a second process that finds the inductor cache on disk."""
     done = subprocess.run(
-        [sys.executable, __file__, "--compile-child", dtype, mode, "--tokens", str(tokens),
-         "--threads", str(threads)],
+        [sys.executable, __file__, "--compile-child", dtype, mode, "--prompt", str(prompt),
+         "--tokens", str(tokens), "--threads", str(threads)],
         capture_output=True, text=True, env=os.environ.copy(), check=False,
     )  # fmt: skip
     for line in reversed(done.stdout.splitlines()):
@@ -633,6 +631,9 @@ def compare_before(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--prompt", type=int, default=45, help="prompt tokens (45: the arithmetic prompts')"
+    )
     parser.add_argument("--tokens", type=int, default=48, help="decode steps per run")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
@@ -662,7 +663,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     baseline = Baseline.load(args.baseline) if args.baseline else None
     if args.compile_child:
-        compile_child(*args.compile_child, args.tokens)
+        compile_child(*args.compile_child, args.prompt, args.tokens)
         return
     if args.compile:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = args.inductor_cache or tempfile.mkdtemp(
@@ -676,7 +677,7 @@ def main() -> None:
     print(f"memory read bandwidth {bandwidth / 1e9:.1f} GB/s (best of 10, 512 MiB sum)")
 
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(100, 20000, (1, PROMPT), generator=generator)  # (1, P)
+    ids = torch.randint(100, 20000, (1, args.prompt), generator=generator)  # (1, P)
     models = {dtype: load_model(DEFAULT_MODEL, dtype)[0] for dtype in args.dtypes}
     floor_ms = {d: weight_bytes(m) / bandwidth * 1000 for d, m in models.items()}
     for dtype, model in models.items():
@@ -695,7 +696,7 @@ def main() -> None:
     compile_s: dict[str, dict[str, dict[str, float | None]]] = {}
     hands: dict[str, HandLlama] = {}
     for dtype, model in models.items():
-        max_len = PROMPT + args.tokens + 1
+        max_len = args.prompt + args.tokens + 1
         hand = HandLlama(model, fused=True, max_len=max_len)
         hands[dtype] = hand
         variants[dtype] = {
@@ -725,7 +726,7 @@ def main() -> None:
             static = HandLlama(model, fused=True, max_len=max_len, like=hand)
             compiled, cold = compile_step(static, mode)
             print(f"torch.compile {dtype} {mode}: {cold:.1f} s, first in this process", flush=True)
-            warm = warm_compile_s(dtype, mode, args.tokens, args.threads)
+            warm = warm_compile_s(dtype, mode, args.prompt, args.tokens, args.threads)
             if warm is not None:
                 print(f"torch.compile {dtype} {mode}: {warm:.1f} s in a second process", flush=True)
             compile_s.setdefault(dtype, {})[mode] = {"cold_s": cold, "second_process_s": warm}
@@ -884,7 +885,7 @@ def main() -> None:
             "torch": torch.__version__,
             "threads": args.threads,
             "tokens": args.tokens,
-            "prompt_tokens": PROMPT,
+            "prompt_tokens": args.prompt,
             "rounds": args.rounds,
             "load_average": [load_before[0], load_after[0]],
             "read_bandwidth_gb_s": bandwidth / 1e9,

@@ -159,3 +159,44 @@ def test_rows_joined_into_one_room_are_right_aligned_and_later_appends_stay_in_p
     assert torch.equal(room[3:, :, : 4 + ROOM], torch.zeros(2, 3, 4 + ROOM, 5, dtype=dtype))
     assert torch.equal(room[3:, :, 4 + ROOM : 7 + ROOM], narrow)
     assert torch.equal(room[:3, :, : 7 + ROOM], layer.keys)
+
+
+def _freed_full_of_nan(shape: tuple[int, ...]) -> None:
+    """Leave a block of `shape`'s size full of NaN to the allocator, which hands it back to
+    the next request of that size as a rule: an uninitialised room would hold NaN."""
+    poison = torch.full(shape, float("nan"))
+    del poison
+
+
+def test_whole_rows_hold_the_states_among_finite_columns() -> None:
+    """Attention reads a room's whole rows and masks the columns that are not the states,
+    which works only on finite numbers (-inf + NaN and 0 x NaN are NaN): a new room's
+    spare columns are zeros, whatever memory it was made from."""
+    for _ in range(3):
+        layer = RoomyLayer()
+        states = torch.randn(4, 2, 5, 3)  # (B, H, L, D)
+        _freed_full_of_nan((4, 2, 5 + ROOM, 3))
+        layer.update(states, states.neg())
+        layer.keep(torch.tensor([0, 2]), first_moved=1, start=2)  # rows 1 and 3 leave
+        keys, values, start = layer.whole_rows()
+        assert keys.shape == values.shape == (2, 2, 5 + ROOM, 3) and start == 2
+        assert keys.is_contiguous() and values.is_contiguous()
+        assert torch.equal(keys[:, :, 2:5], layer.keys) and torch.equal(
+            values[:, :, 2:5], layer.values
+        )
+        assert torch.isfinite(keys).all() and torch.isfinite(values).all()
+
+        running = layer.keys
+        arrival = torch.randn(1, 2, 6, 3)
+        _freed_full_of_nan((3, 2, 6 + ROOM, 3))
+        layer.take_room(joined_room(running, arrival, 6), joined_room(running, arrival, 6), 6)
+        keys, _, start = layer.whole_rows()
+        assert start == 0 and torch.isfinite(keys).all()
+
+
+def test_states_set_from_outside_are_their_own_whole_rows() -> None:
+    layer = RoomyLayer()
+    layer.update(torch.zeros(2, 1, 3, 2), torch.zeros(2, 1, 3, 2))
+    layer.keys, layer.values = torch.ones(1, 1, 3, 2), torch.ones(1, 1, 3, 2)
+    keys, values, start = layer.whole_rows()
+    assert keys is layer.keys and values is layer.values and start == 0

@@ -36,7 +36,7 @@ from torch import nn
 from transformers import LlamaForCausalLM, PreTrainedModel
 from transformers.cache_utils import Cache
 
-from reinforge.policy.kv_cache import cache_keyword
+from reinforge.policy.kv_cache import RoomyLayer, cache_keyword
 
 DecodeStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Cache], torch.Tensor]
 """(ids (B,), mask (B, L), positions (B, 1), cache) -> logits (B, V), the cache appended:
@@ -165,6 +165,8 @@ class LlamaDecoder:
             matmul(model.lm_head) if blocked else model.lm_head
         )
         self.rotary = _Rotary(model.model.rotary_emb)
+        # bf16 attention on CPU as two matmuls (`_attend`); elsewhere torch's fused kernel.
+        self.by_matmuls = model.dtype == torch.bfloat16 and model.device.type == "cpu"
 
     def __call__(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Cache
@@ -176,9 +178,7 @@ class LlamaDecoder:
         group = self.heads // kv_heads
         x = self.model.model.embed_tokens(ids)  # (B, H)
         cos, sin = self.rotary(x, positions, mask.shape[1])  # (B, 1, 1, D) each, x's dtype
-        # Attention skips padding columns; a batch without any needs no mask at all. The
-        # mask is made additive once here, not by attention in every layer.
-        keep = None if bool(mask.all()) else _additive(mask, x.dtype)  # (B, 1, 1, L)
+        keep = _Bias(mask, x.dtype)
         for index, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.norm1.weight, self.eps)
             # The query heads sharing a key/value head are that head's "query positions":
@@ -187,9 +187,17 @@ class LlamaDecoder:
             k = _rotate(layer.k(h).view(rows, kv_heads, 1, dim), cos, sin)
             v = layer.v(h).view(rows, kv_heads, 1, dim)
             keys, values = cache.update(k, v, index)  # (B, Hk, L, D) each
-            attended = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=keep, scale=dim**-0.5
-            )  # (B, Hk, G, D)
+            if self.by_matmuls:
+                states = cache.layers[index]
+                assert isinstance(states, RoomyLayer), "the step appends to a `roomy_cache`"
+                keys, values, start = states.whole_rows()  # (B, Hk, W, D) each
+                bias = keep.over(start, keys.shape[-2])  # (B, 1, 1, W) or None
+                attended = _attend(q, keys, values, bias, dim**-0.5)  # (B, Hk, G, D)
+            else:
+                bias = keep.over(0, keys.shape[-2])  # (B, 1, 1, L) or None
+                attended = F.scaled_dot_product_attention(
+                    q, keys, values, attn_mask=bias, scale=dim**-0.5
+                )
             x = layer.o.add(x, attended.reshape(rows, self.heads * dim))
             h = _rms_norm(x, layer.norm2.weight, self.eps)
             gated = F.silu(layer.gate(h), inplace=True).mul_(layer.up(h))
@@ -298,8 +306,55 @@ def _signed(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
 
 
-def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(B, L) mask of kept columns -> (B, 1, 1, L): 0 where kept, -inf where not, as
-    attention makes of a boolean mask."""
-    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-    return bias.masked_fill_(mask == 0, float("-inf"))[:, None, None, :]
+def _attend(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    bias: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of a step's few queries per key/value head (B, Hk, G, D) over the cache's
+    whole rows (`RoomyLayer.whole_rows`), as two batched matmuls around a softmax.
+
+    In bf16 on CPU, torch's fused attention took ~2 ms a layer at 12 rows of 1,500 columns,
+    two thirds of the decode step; these matmuls take about half that, reading the rows in
+    place (`benchmarks/README.md`, "Attention of a bf16 decode step"). In float32 the fused
+    kernel is as fast, and the step keeps it. The scores are rounded to bf16 before the
+    softmax (which runs in float32), where the fused kernel keeps them in float32: against
+    a float32 model the logits' KL is the same either way, the weights' and activations'
+    own rounding being far larger.
+    """
+    scores = torch.matmul(q * scale, keys.transpose(-1, -2))  # (B, Hk, G, L)
+    if bias is not None:
+        scores.add_(bias)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+    return torch.matmul(probs, values)  # (B, Hk, G, D)
+
+
+class _Bias:
+    """A step's mask of kept columns (B, L) as attention adds it to the scores over the
+    cache's whole rows (`RoomyLayer.whole_rows`): 0 on kept columns; -inf on padding and
+    on the columns around the states. Made once per step for each place the states lie in
+    their rooms (one place in every layer, as a rule), not by attention in every layer."""
+
+    def __init__(self, mask: torch.Tensor, dtype: torch.dtype) -> None:
+        self.mask = mask
+        self.dtype = dtype
+        self._made: dict[tuple[int, int], torch.Tensor | None] = {}
+
+    def over(self, start: int, width: int) -> torch.Tensor | None:
+        """(B, 1, 1, width) for states at columns `start`.. of `width`; None where every
+        column is kept."""
+        if (start, width) not in self._made:
+            self._made[start, width] = self._make(start, width)
+        return self._made[start, width]
+
+    def _make(self, start: int, width: int) -> torch.Tensor | None:
+        rows, length = self.mask.shape
+        if start + length > width:
+            raise ValueError(f"{length} columns from {start} do not fit rows of {width}")
+        if start == 0 and width == length and bool(self.mask.all()):
+            return None
+        bias = torch.full((rows, width), float("-inf"), dtype=self.dtype, device=self.mask.device)
+        bias[:, start : start + length].masked_fill_(self.mask != 0, 0.0)
+        return bias[:, None, None, :]

@@ -100,6 +100,21 @@ class RoomyLayer(DynamicLayer):
         else:
             self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
 
+    def whole_rows(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """`keys` and `values` widened to their rooms' whole rows (B, H, W, D), and the
+        column where they start there; states set from outside as they are, from 0.
+
+        A view of some of each row's columns is not one block of memory, and a bfloat16
+        batched matmul on CPU copies it before multiplying: at 12 rows of 1,500 columns,
+        more time than the product. The whole rows are one block; the columns around the
+        view are zeros or states of rows that left, finite, for attention to mask.
+        """
+        if not self._owns_views():
+            return self.keys, self.values, 0
+        assert self._key_room is not None and self._value_room is not None
+        rows = self.keys.shape[0]
+        return self._key_room[:rows], self._value_room[:rows], self._start
+
     def _owns_views(self) -> bool:
         """Whether `keys` and `values` are still the views of the room that this layer set."""
         written = self._written
@@ -129,9 +144,10 @@ def roomy_cache() -> Cache:
 def joined_room(old: torch.Tensor, new: torch.Tensor, width: int) -> torch.Tensor:
     """`old` (B, H, Lo, D) above `new` (R, H, Ln, D) in a new room (B + R, H, width + ROOM,
     D): each right-aligned at column `width`, zeros before it (padding the mask hides,
-    but which attention still multiplies by 0), and `ROOM` spare columns after."""
+    but which attention still multiplies by 0), and `ROOM` spare columns of zeros after."""
     rows, heads, _, dim = old.shape
     room = old.new_empty((rows + new.shape[0], heads, width + ROOM, dim))
+    room[:, :, width:].zero_()
     for part, states in ((room[:rows], old), (room[rows:], new)):
         padding = width - states.shape[-2]
         part[:, :, :padding].zero_()
@@ -145,12 +161,14 @@ def _append(
     """`states` (B, H, L, D) followed by `new` (B, H, N, D), as a view of `room`.
 
     `states` is written into new room unless it is a prefix view of `room` with space for
-    `new` after it. Returns the view (B, H, L + N, D) and the room behind it.
+    `new` after it; a new room's spare columns are zeros. Returns the view (B, H, L + N, D)
+    and the room behind it.
     """
     length, added = (states.shape[-2] if states.numel() else 0), new.shape[-2]
     if room is None or not _is_prefix_of(states, room, length + added, new.dtype):
         batch, heads, _, dim = new.shape
         room = new.new_empty((batch, heads, length + added + ROOM, dim))
+        room[:, :, length + added :].zero_()
         if length:
             room[:, :, :length] = states
     room[:, :, length : length + added] = new
