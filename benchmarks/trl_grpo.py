@@ -138,12 +138,12 @@ def grpo_config(args: argparse.Namespace) -> GRPOConfig:
         epsilon_high=0.28,
         beta=0.0,
         mask_truncated_completions=False,  # reinforge trains on truncated rollouts too
-        # optimizer: torch AdamW (reinforge's), constant lr, no warm-up or decay
+        # optimizer: torch's fused AdamW (reinforge's), constant lr, no warm-up or decay
         learning_rate=args.lr,
         lr_scheduler_type="constant",
         warmup_steps=0,
         weight_decay=0.0,
-        optim="adamw_torch",
+        optim="adamw_torch_fused",
         max_grad_norm=1.0,
         # precision and memory: TRL 1.16 defaults both bf16 and gradient checkpointing on
         bf16=args.bf16,

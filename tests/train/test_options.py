@@ -52,6 +52,18 @@ def _trainer(*overrides: str, reference: torch.nn.Module | None = None):
     return model, trainer
 
 
+def test_a_step_bumps_the_version_of_every_trained_parameter(batch):
+    """The fused optimizer writes in place without telling torch's version counters; a
+    reader that tells a change by them (the engine's laid-out weights) must see the step."""
+    model, trainer = _trainer()
+    trained = [p for p in model.parameters() if p.requires_grad]
+    versions = [p._version for p in trained]
+    before = [p.detach().clone() for p in trained]
+    trainer.step(batch)
+    assert all(p._version > v for p, v in zip(trained, versions, strict=True))
+    assert any(not torch.equal(p, b) for p, b in zip(trained, before, strict=True))
+
+
 def test_lora_trains_the_adapters_and_leaves_the_base_frozen(batch):
     model, trainer = _trainer("trainer.lora.rank=4")
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
