@@ -4,14 +4,14 @@ At small batch much of a decode step can be per-op overhead: transformers' forwa
 ~1,800 ops from Python for SmolLM2-135M, building a 4-D mask, computing the rotary
 embedding, repeating key/value heads and reshaping for a sequence of one
 (`benchmarks/README.md`, "The built-in engine at batch 1"). This step computes the same
-function with ~1,300 (~1,400 in bf16): rotary cos and sin come from a table by position,
-the mask is made additive once per step, the query heads of a key/value head attend as
-one group, temporaries are changed in place and the residuals are added inside the
-matmuls. It reads the model's own parameters, or copies made again when they change
-(below), so in-place updates, the shared trainer's optimizer step included, are seen by
-the next step, and it appends to the same KV cache. The engine uses it for every decode
-step and keeps transformers' forward for prefills. Models of any other shape, or wrapped
-(a LoRA model), keep transformers' forward.
+function with ~1,300 (~1,500 in bf16, whose attention is two matmuls, `_attend`): rotary
+cos and sin come from a table by position, the mask is made additive once per step, the
+query heads of a key/value head attend as one group, temporaries are changed in place and
+the residuals are added inside the matmuls. It reads the model's own parameters, or copies
+made again when they change (below), so in-place updates, the shared trainer's optimizer
+step included, are seen by the next step, and it appends to the same KV cache. The engine
+uses it for every decode step and keeps transformers' forward for prefills. Models of any
+other shape, or wrapped (a LoRA model), keep transformers' forward.
 
 On an x86 CPU with AVX-512, where torch hands bf16 matmuls to oneDNN, each matmul reads
 its weight from a copy in oneDNN's blocked layout (`benchmarks/README.md`, "Weights laid
