@@ -48,7 +48,7 @@ class _Matmul:
     blocked copy (the module docstring), laid out again whenever the weight's version
     counter or storage moves (a weight sync's copy, an optimizer step, `.data` replaced).
     A write that bumps neither goes unseen: one through `.data`, or a fused optimizer's
-    step (torch's `fused=True` AdamW on CPU), which the trainer does not use."""
+    step (torch's `fused=True` AdamW), after which the trainer bumps the versions itself."""
 
     def __init__(self, layer: nn.Linear, blocked: bool) -> None:
         self.layer = layer
